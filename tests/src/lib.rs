@@ -1,0 +1,1 @@
+//! Support code for zerg's end-to-end tests.

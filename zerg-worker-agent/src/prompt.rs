@@ -1,0 +1,113 @@
+//! The prompt given to the agent CLI (the original's layout, REFERENCE §5.3, plus the handoff
+//! instructions for escalations and checkpoints).
+
+use zerg_proto::v1;
+
+/// File the agent CLI writes to escalate, inside `ZERG_TASK_DIR`.
+pub const ESCALATION_FILE: &str = "escalation.json";
+/// File the agent CLI writes to checkpoint, inside `ZERG_TASK_DIR`.
+pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// Builds the prompt for a task.
+pub fn build(task: &v1::Task, spec_context: &str) -> String {
+    let mut p = String::new();
+    if task.context.is_empty() {
+        p.push_str(spec_context.trim_end());
+    } else {
+        p.push_str("# Task Context (Scoped)\n");
+        p.push_str(task.context.trim_end());
+    }
+    p.push_str(&format!(
+        "\n\n# Task: {}\nTask ID: {} (level {})\n",
+        task.title, task.id, task.level
+    ));
+    if !task.description.is_empty() {
+        p.push_str(&format!(
+            "\n## Description\n{}\n",
+            task.description.trim_end()
+        ));
+    }
+    let files = [
+        ("Create", &task.files_create),
+        ("Modify", &task.files_modify),
+        ("Reference", &task.files_read),
+    ];
+    if files.iter().any(|(_, f)| !f.is_empty()) {
+        p.push_str("\n## Files\n");
+        for (label, list) in files {
+            if !list.is_empty() {
+                p.push_str(&format!("{label}: {}\n", list.join(", ")));
+            }
+        }
+    }
+    if !task.verification_command.is_empty() {
+        p.push_str(&format!(
+            "\n## Verification\nCommand: `{}`\n",
+            task.verification_command
+        ));
+    }
+    if !task.acceptance_criteria.is_empty() {
+        p.push_str("\n## Acceptance Criteria\n");
+        for c in &task.acceptance_criteria {
+            p.push_str(&format!("- {c}\n"));
+        }
+    }
+    if !task.resume_from.is_empty() {
+        p.push_str("\n## Resuming\nAn earlier attempt checkpointed; its changes are already in the working tree. Continue from there.\n");
+    }
+    p.push_str(&format!(
+        "\n## Instructions\n\
+Implement the task as specified. Make all necessary changes.\n\
+Only change the files listed above.\n\
+Do NOT commit - the orchestrator handles commits.\n\
+If you cannot do the task because the spec is ambiguous, a dependency is missing, or the verification is unclear, \
+do not guess: write a JSON object {{\"category\": \"ambiguous_spec|dependency_missing|verification_unclear\", \"message\": \"...\"}} \
+to the file $ZERG_TASK_DIR/{ESCALATION_FILE} and stop.\n\
+If you are running out of context before finishing, write {{\"progress_pct\": N, \"next_action\": \"...\"}} to \
+$ZERG_TASK_DIR/{CHECKPOINT_FILE} and stop; another worker resumes from your changes.\n"
+    ));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_has_every_section() {
+        let t = v1::Task {
+            id: "A-L1-001".into(),
+            title: "Add parser".into(),
+            description: "Write it.".into(),
+            level: 1,
+            files_create: vec!["src/a.rs".into(), "src/b.rs".into()],
+            files_modify: vec!["src/lib.rs".into()],
+            files_read: vec!["README.md".into()],
+            verification_command: "test -f src/a.rs && echo ok".into(),
+            acceptance_criteria: vec!["parses".into()],
+            ..Default::default()
+        };
+        let p = build(&t, "# Feature Context: f\nreqs");
+        assert!(p.starts_with("# Feature Context: f"));
+        assert!(p.contains("# Task: Add parser\nTask ID: A-L1-001 (level 1)"));
+        assert!(p.contains("## Description\nWrite it."));
+        assert!(p.contains("Create: src/a.rs, src/b.rs\nModify: src/lib.rs\nReference: README.md"));
+        assert!(p.contains("Command: `test -f src/a.rs && echo ok`"));
+        assert!(p.contains("- parses"));
+        assert!(p.contains("Do NOT commit"));
+        assert!(p.contains("$ZERG_TASK_DIR/escalation.json"));
+    }
+
+    #[test]
+    fn scoped_context_replaces_the_feature_context() {
+        let t = v1::Task {
+            id: "T1".into(),
+            title: "t".into(),
+            context: "only this".into(),
+            ..Default::default()
+        };
+        let p = build(&t, "# Feature Context: f");
+        assert!(p.starts_with("# Task Context (Scoped)\nonly this"));
+        assert!(!p.contains("Feature Context"));
+    }
+}

@@ -1,0 +1,278 @@
+//! Running child processes (the agent CLI, verification tiers) while tracking their output.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::Mutex;
+
+/// How a child process ended.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Exit code; `None` when killed by a signal or timed out.
+    pub code: Option<i32>,
+    /// Killed because it ran past its timeout.
+    pub timed_out: bool,
+    /// The last lines of output (stdout and stderr interleaved).
+    pub tail: String,
+    /// A usage/rate limit was reported: `Some(reset time in Unix ms, 0 if unknown)`.
+    pub rate_limit: Option<i64>,
+}
+
+impl Outcome {
+    /// Whether the process exited 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && !self.timed_out
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// What to run.
+pub struct Spec<'a> {
+    /// argv.
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: &'a Path,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit.
+    pub timeout: Duration,
+    /// File that receives the output.
+    pub artifact: Option<PathBuf>,
+    /// Own process group (so a timeout kills everything it started).
+    pub own_group: bool,
+}
+
+/// Runs a process to completion (or timeout). `last_output` is set to the time of every output
+/// line, which the heartbeat reports. Returns `Err` only when the program could not be started.
+pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result<Outcome> {
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .current_dir(spec.cwd)
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        // A closed stdin: an open one makes headless CLIs wait for input.
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if spec.own_group {
+        cmd.process_group(0);
+    }
+    let mut child = cmd.spawn()?;
+    let artifact = match &spec.artifact {
+        Some(p) => {
+            if let Some(d) = p.parent() {
+                let _ = tokio::fs::create_dir_all(d).await;
+            }
+            tokio::fs::File::create(p).await.ok()
+        }
+        None => None,
+    };
+    let sink = Arc::new(Mutex::new(Sink {
+        file: artifact,
+        tail: VecDeque::new(),
+        rate_limit: None,
+    }));
+    let out = child
+        .stdout
+        .take()
+        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone())));
+    let err = child
+        .stderr
+        .take()
+        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone())));
+    let (code, timed_out) = match tokio::time::timeout(spec.timeout, child.wait()).await {
+        Ok(Ok(st)) => (st.code(), false),
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            if spec.own_group {
+                if let Some(pid) = child.id() {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let _ = child.kill().await;
+            (None, true)
+        }
+    };
+    for h in [out, err].into_iter().flatten() {
+        // Output pipes can be held open by grandchildren; do not wait on them forever.
+        let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
+    }
+    let mut s = sink.lock().await;
+    if let Some(f) = s.file.as_mut() {
+        let _ = f.flush().await;
+    }
+    Ok(Outcome {
+        code,
+        timed_out,
+        tail: s.tail.iter().cloned().collect::<Vec<_>>().join("\n"),
+        rate_limit: s.rate_limit,
+    })
+}
+
+struct Sink {
+    file: Option<tokio::fs::File>,
+    tail: VecDeque<String>,
+    rate_limit: Option<i64>,
+}
+
+async fn pump<R: AsyncRead + Unpin>(r: R, sink: Arc<Mutex<Sink>>, last_output: Arc<AtomicI64>) {
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        last_output.store(now_ms(), Ordering::Relaxed);
+        let mut s = sink.lock().await;
+        if let Some(f) = s.file.as_mut() {
+            let _ = f.write_all(line.as_bytes()).await;
+            let _ = f.write_all(b"\n").await;
+        }
+        if let Some(rl) = detect_rate_limit(&line) {
+            s.rate_limit = Some(rl);
+        }
+        s.tail.push_back(line);
+        if s.tail.len() > 20 {
+            s.tail.pop_front();
+        }
+    }
+}
+
+/// Recognises the agent CLI's usage-limit messages. Claude Code prints
+/// `Claude AI usage limit reached|<epoch seconds>`; other CLIs print "rate limit" or HTTP 429.
+/// Returns the reset time in Unix ms (0 if not stated).
+pub fn detect_rate_limit(line: &str) -> Option<i64> {
+    let lower = line.to_ascii_lowercase();
+    if let Some(i) = lower.find("usage limit reached") {
+        let rest = &line[i..];
+        let epoch = rest
+            .split('|')
+            .nth(1)
+            .map(|s| {
+                s.chars()
+                    .take_while(|c| c.is_ascii_digit())
+                    .collect::<String>()
+            })
+            .and_then(|d| d.parse::<i64>().ok())
+            .map(|s| s * 1000)
+            .unwrap_or(0);
+        return Some(epoch);
+    }
+    if lower.contains("rate_limit_error")
+        || lower.contains("rate limit exceeded")
+        || lower.contains("429 too many requests")
+    {
+        return Some(0);
+    }
+    None
+}
+
+/// Runs git in the worktree and returns trimmed stdout, or stderr as the error.
+pub async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_EDITOR", "true")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_messages() {
+        assert_eq!(
+            detect_rate_limit("Claude AI usage limit reached|1719532800"),
+            Some(1_719_532_800_000)
+        );
+        assert_eq!(
+            detect_rate_limit(
+                r#"{"type":"result","is_error":true,"result":"Claude AI usage limit reached|1700000000"}"#
+            ),
+            Some(1_700_000_000_000)
+        );
+        assert_eq!(detect_rate_limit("Error: rate_limit_error"), Some(0));
+        assert_eq!(detect_rate_limit("all good"), None);
+    }
+
+    #[tokio::test]
+    async fn captures_output_exit_code_and_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let last = Arc::new(AtomicI64::new(0));
+        let spec = Spec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo one; echo two >&2; exit 3".into(),
+            ],
+            cwd: dir.path(),
+            env: vec![],
+            timeout: Duration::from_secs(10),
+            artifact: Some(dir.path().join("out.txt")),
+            own_group: true,
+        };
+        let o = run(spec, last.clone()).await.unwrap();
+        assert_eq!(o.code, Some(3));
+        assert!(o.tail.contains("one") && o.tail.contains("two"));
+        assert!(last.load(Ordering::Relaxed) > 0);
+        assert!(
+            std::fs::read_to_string(dir.path().join("out.txt"))
+                .unwrap()
+                .contains("one")
+        );
+
+        let spec = Spec {
+            argv: vec!["sh".into(), "-c".into(), "sleep 30".into()],
+            cwd: dir.path(),
+            env: vec![],
+            timeout: Duration::from_millis(200),
+            artifact: None,
+            own_group: true,
+        };
+        let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
+        assert!(o.timed_out);
+        assert!(!o.success());
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            argv: vec!["/nonexistent/claude".into()],
+            cwd: dir.path(),
+            env: vec![],
+            timeout: Duration::from_secs(1),
+            artifact: None,
+            own_group: false,
+        };
+        let e = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,523 @@
+//! zergctl, the command-line client of zergd.
+//!
+//! Every command except `validate`, `demo`, `image` and `service` talks to a running zergd over
+//! its Unix socket (`--socket`, `ZERG_SOCKET`, or `$XDG_RUNTIME_DIR/zerg/zergd.sock`). Output
+//! for people goes to stdout; `--json` gives machine-readable output. Exit codes are listed in
+//! [`code`].
+
+mod demo;
+mod render;
+mod service;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tonic::transport::Channel;
+use zerg_proto::v1;
+use zerg_proto::v1::control_client::ControlClient;
+
+/// zergctl exit codes.
+pub mod code {
+    /// The command succeeded (for `rush`: every task completed).
+    pub const OK: u8 = 0;
+    /// The rush failed, was stopped, or a graph is invalid.
+    pub const FAILED: u8 = 1;
+    /// Bad usage (sysexits `EX_USAGE`).
+    pub const USAGE: u8 = 64;
+    /// Bad input data, e.g. an unreadable task graph (`EX_DATAERR`).
+    pub const DATA: u8 = 65;
+    /// The rush or task was not found (`EX_NOINPUT`).
+    pub const NOT_FOUND: u8 = 66;
+    /// zergd is not running or not reachable (`EX_UNAVAILABLE`).
+    pub const DAEMON_UNREACHABLE: u8 = 69;
+    /// Unexpected internal error (`EX_SOFTWARE`).
+    pub const INTERNAL: u8 = 70;
+}
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "zergctl",
+    version,
+    about = "Run a feature's task graph across many coding-agent workers"
+)]
+pub struct Cli {
+    /// zergd's control socket [default: $XDG_RUNTIME_DIR/zerg/zergd.sock].
+    #[arg(long, global = true, env = "ZERG_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start (or resume) a rush and follow it until it ends.
+    Rush {
+        /// Feature name (`.gsd/specs/<FEATURE>/task-graph.json`).
+        feature: String,
+        /// Number of workers.
+        #[arg(short, long, default_value_t = 5)]
+        workers: u32,
+        /// Where workers run.
+        #[arg(short, long, default_value = "subprocess", value_parser = ["subprocess", "container"])]
+        mode: String,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+        /// Return once the rush is accepted instead of following it.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Show a rush's status.
+    Status {
+        /// Feature [default: the most recent rush in the repository].
+        feature: Option<String>,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Keep showing the status until the rush ends.
+        #[arg(short, long)]
+        watch: bool,
+    },
+    /// List every rush zergd knows.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a rush: SIGTERM to every worker's process group, SIGKILL after the grace period.
+    Stop {
+        /// Feature.
+        feature: String,
+        /// Kill at once, without a grace period.
+        #[arg(long)]
+        force: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
+    /// Requeue failed or blocked tasks and resume the rush.
+    Retry {
+        /// Feature.
+        feature: String,
+        /// Tasks to requeue [default: every failed or blocked task].
+        tasks: Vec<String>,
+        /// Also reset the attempt counters.
+        #[arg(long)]
+        reset: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
+    /// Show worker logs.
+    Logs {
+        /// Feature.
+        feature: String,
+        /// Only this worker.
+        #[arg(short, long)]
+        worker: Option<u32>,
+        /// Lines per worker.
+        #[arg(short = 'n', long, default_value_t = 100)]
+        tail: u32,
+        /// Keep printing new lines.
+        #[arg(short, long)]
+        follow: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
+    /// Check a task graph offline and list every problem (exit 0 valid, 1 invalid).
+    Validate {
+        /// A task-graph.json path, or a feature name in the current repository.
+        target: String,
+    },
+    /// Run a demo rush in a scratch repository with a scripted agent (no API key, no daemon).
+    Demo {
+        /// Number of workers.
+        #[arg(short, long, default_value_t = 3)]
+        workers: u32,
+        /// Keep the scratch repository and print its path.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Install zergd as a user service (systemd on Linux, launchd on macOS).
+    Service {
+        /// Only print the unit file.
+        #[arg(long)]
+        print: bool,
+    },
+}
+
+/// A failed command: a message for the user and an exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    /// What to tell the user.
+    pub message: String,
+    /// Exit code.
+    pub code: u8,
+}
+
+impl CliError {
+    /// An error with a code.
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code,
+        }
+    }
+}
+
+/// Maps an RPC error to a user message and exit code.
+pub fn from_status(s: tonic::Status) -> CliError {
+    let code = match s.code() {
+        tonic::Code::NotFound => code::NOT_FOUND,
+        tonic::Code::InvalidArgument => code::DATA,
+        tonic::Code::Unavailable => code::DAEMON_UNREACHABLE,
+        tonic::Code::AlreadyExists | tonic::Code::FailedPrecondition => code::FAILED,
+        _ => code::INTERNAL,
+    };
+    CliError::new(code, s.message().to_string())
+}
+
+/// Connects to zergd, or explains how to start it.
+pub async fn connect(socket: &Path) -> Result<ControlClient<Channel>, CliError> {
+    match zerg_proto::transport::connect(socket).await {
+        Ok(ch) => Ok(ControlClient::new(ch)),
+        Err(e) => Err(CliError::new(
+            code::DAEMON_UNREACHABLE,
+            format!(
+                "zergd is not running (cannot connect to {}: {}).\nStart it with `zergd &`, or install it as a user service with `zergctl service` and then `systemctl --user start zergd`.",
+                socket.display(),
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| e.to_string())
+            ),
+        )),
+    }
+}
+
+fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
+    let p = match repo {
+        Some(p) => p,
+        None => std::env::current_dir().map_err(|e| {
+            CliError::new(
+                code::USAGE,
+                format!("cannot read the current directory: {e}"),
+            )
+        })?,
+    };
+    let abs = std::fs::canonicalize(&p)
+        .map_err(|e| CliError::new(code::USAGE, format!("--repo {}: {e}", p.display())))?;
+    Ok(abs.to_string_lossy().to_string())
+}
+
+/// Runs a parsed command line; returns the exit code.
+pub async fn run(cli: Cli) -> Result<u8, CliError> {
+    let socket = zerg_proto::transport::resolve_socket(cli.socket.as_deref());
+    match cli.command {
+        Command::Validate { target } => validate(&target),
+        Command::Demo { workers, keep } => demo::run(workers, keep).await,
+        Command::Service { print } => service::install(print),
+        Command::Rush {
+            feature,
+            workers,
+            mode,
+            repo,
+            detach,
+        } => {
+            let repo = repo_arg(repo)?;
+            let mut c = connect(&socket).await?;
+            rush(&mut c, &repo, &feature, workers, &mode, detach).await
+        }
+        Command::Status {
+            feature,
+            repo,
+            json,
+            watch,
+        } => {
+            let repo = repo_arg(repo)?;
+            let mut c = connect(&socket).await?;
+            let feature = feature.unwrap_or_default();
+            if watch {
+                return follow(&mut c, &repo, &feature, false).await;
+            }
+            let st = c
+                .status(v1::StatusRequest { repo, feature })
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            if json {
+                println!("{}", render::status_json(&st));
+            } else {
+                print!("{}", render::status_text(&st));
+            }
+            Ok(code::OK)
+        }
+        Command::List { json } => {
+            let mut c = connect(&socket).await?;
+            let l = c
+                .list(v1::ListRequest {})
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&l.rushes).unwrap_or_default()
+                );
+            } else if l.rushes.is_empty() {
+                println!("no rushes");
+            } else {
+                for r in &l.rushes {
+                    println!(
+                        "{:<24} {:<9} {:>4}/{:<4} {}  {}",
+                        r.feature, r.state, r.tasks_complete, r.tasks_total, r.started_at, r.repo
+                    );
+                }
+            }
+            Ok(code::OK)
+        }
+        Command::Stop {
+            feature,
+            force,
+            repo,
+        } => {
+            let repo = repo_arg(repo)?;
+            let mut c = connect(&socket).await?;
+            let r = c
+                .stop(v1::StopRequest {
+                    repo,
+                    feature: feature.clone(),
+                    force,
+                })
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            println!(
+                "Stopped rush {feature}: {} worker(s) signalled ({}). Resume with `zergctl rush {feature}`.",
+                r.workers_signalled,
+                if force {
+                    "SIGKILL"
+                } else {
+                    "SIGTERM, then SIGKILL after the grace period"
+                }
+            );
+            Ok(code::OK)
+        }
+        Command::Retry {
+            feature,
+            tasks,
+            reset,
+            repo,
+        } => {
+            let repo = repo_arg(repo)?;
+            let mut c = connect(&socket).await?;
+            let r = c
+                .retry(v1::RetryRequest {
+                    repo,
+                    feature: feature.clone(),
+                    task_ids: tasks,
+                    reset,
+                })
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            if r.requeued.is_empty() {
+                println!("Rush {feature} resumed; no failed or blocked tasks to requeue.");
+            } else {
+                println!(
+                    "Requeued {} task(s): {}",
+                    r.requeued.len(),
+                    r.requeued.join(", ")
+                );
+            }
+            Ok(code::OK)
+        }
+        Command::Logs {
+            feature,
+            worker,
+            tail,
+            follow: f,
+            repo,
+        } => {
+            let repo = repo_arg(repo)?;
+            let mut c = connect(&socket).await?;
+            let mut s = c
+                .logs(v1::LogsRequest {
+                    repo,
+                    feature,
+                    worker_id: worker,
+                    tail,
+                    follow: f,
+                })
+                .await
+                .map_err(from_status)?
+                .into_inner();
+            while let Some(chunk) = s.message().await.map_err(from_status)? {
+                println!("[W{}] {}", chunk.worker_id, chunk.line);
+            }
+            Ok(code::OK)
+        }
+    }
+}
+
+fn validate(target: &str) -> Result<u8, CliError> {
+    let p = Path::new(target);
+    let path = if p.extension().is_some_and(|e| e == "json") || p.is_file() {
+        p.to_path_buf()
+    } else {
+        Path::new(".gsd")
+            .join("specs")
+            .join(target)
+            .join("task-graph.json")
+    };
+    match zerg_proto::graph::load(&path) {
+        Ok(v) => {
+            for w in &v.warnings {
+                println!("warning: {w}");
+            }
+            println!(
+                "{}: valid ({} tasks, {} levels, {} warnings)",
+                path.display(),
+                v.graph.tasks.len(),
+                v.graph.max_level(),
+                v.warnings.len()
+            );
+            Ok(code::OK)
+        }
+        Err(zerg_proto::graph::GraphError::Invalid {
+            path,
+            errors,
+            warnings,
+        }) => {
+            for e in &errors {
+                println!("error: {e}");
+            }
+            for w in &warnings {
+                println!("warning: {w}");
+            }
+            println!("{}: invalid ({} errors)", path.display(), errors.len());
+            Ok(code::FAILED)
+        }
+        Err(e @ zerg_proto::graph::GraphError::Syntax { .. }) => {
+            println!("error: {e}");
+            Ok(code::FAILED)
+        }
+        Err(e) => Err(CliError::new(
+            code::DATA,
+            format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            ),
+        )),
+    }
+}
+
+/// Starts a rush and (unless detached) follows it.
+pub async fn rush(
+    c: &mut ControlClient<Channel>,
+    repo: &str,
+    feature: &str,
+    workers: u32,
+    mode: &str,
+    detach: bool,
+) -> Result<u8, CliError> {
+    let r = c
+        .rush(v1::RushRequest {
+            repo: repo.to_string(),
+            feature: feature.to_string(),
+            workers,
+            mode: mode.to_string(),
+        })
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    println!(
+        "{} rush {feature} ({}) with {workers} {mode} worker(s)",
+        if r.resumed { "Resumed" } else { "Started" },
+        r.rush_id
+    );
+    if detach {
+        println!(
+            "Follow it with `zergctl status {feature} --watch`; stop it with `zergctl stop {feature}`."
+        );
+        return Ok(code::OK);
+    }
+    follow(c, repo, feature, true).await
+}
+
+/// Follows a rush with progress bars until it ends. Ctrl-C detaches (the rush goes on).
+async fn follow(
+    c: &mut ControlClient<Channel>,
+    repo: &str,
+    feature: &str,
+    exit_by_outcome: bool,
+) -> Result<u8, CliError> {
+    let mut stream = c
+        .watch(v1::WatchRequest {
+            repo: repo.to_string(),
+            feature: feature.to_string(),
+        })
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    let mut view = render::Progress::new();
+    loop {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            _ = tokio::signal::ctrl_c() => {
+                view.finish();
+                println!("Detached; the rush goes on. Stop it with `zergctl stop {feature}`.");
+                return Ok(code::OK);
+            }
+        };
+        let ev = match next {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                view.finish();
+                return Err(CliError::new(
+                    code::DAEMON_UNREACHABLE,
+                    "zergd closed the stream (did it stop?)",
+                ));
+            }
+            Err(s) => {
+                view.finish();
+                return Err(from_status(s));
+            }
+        };
+        let Some(st) = ev.status else { continue };
+        view.update(&st, &ev.message);
+        match st.state.as_str() {
+            "complete" | "failed" | "stopped" => {
+                view.finish();
+                print!("{}", render::summary(&st));
+                let ok = st.state == "complete";
+                return Ok(if ok || !exit_by_outcome {
+                    code::OK
+                } else {
+                    code::FAILED
+                });
+            }
+            "paused" if exit_by_outcome => {
+                view.finish();
+                print!("{}", render::summary(&st));
+                return Ok(code::FAILED);
+            }
+            _ => {}
+        }
+        // Avoid redrawing faster than a person can read.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

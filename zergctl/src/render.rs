@@ -1,0 +1,228 @@
+//! Output for people: status text, the live progress view and the end-of-rush summary.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use zerg_proto::v1;
+
+/// `status --json`.
+pub fn status_json(st: &v1::RushStatus) -> String {
+    serde_json::to_string_pretty(st).unwrap_or_else(|_| "{}".into())
+}
+
+fn done_count(st: &v1::RushStatus) -> usize {
+    st.tasks.values().filter(|t| t.status == "complete").count()
+}
+
+fn bar(done: usize, total: usize, width: usize) -> String {
+    let filled = if total == 0 { 0 } else { done * width / total };
+    format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
+}
+
+/// `status` as text.
+pub fn status_text(st: &v1::RushStatus) -> String {
+    let mut o = String::new();
+    let total = st.tasks.len();
+    let done = done_count(st);
+    o.push_str(&format!(
+        "Rush {}  [{}]  mode {}  level {}/{}\n",
+        st.feature,
+        st.state.to_uppercase(),
+        st.mode,
+        st.current_level,
+        st.total_levels
+    ));
+    o.push_str(&format!(
+        "Progress: {} {}% ({done}/{total} tasks)\n",
+        bar(done, total, 20),
+        if total == 0 { 0 } else { done * 100 / total }
+    ));
+    if !st.reason.is_empty() {
+        o.push_str(&format!("Reason: {}\n", st.reason));
+    }
+    if !st.rate_limited_until.is_empty() {
+        o.push_str(&format!(
+            "Rate-limited until {}: new work is paused\n",
+            st.rate_limited_until
+        ));
+    }
+    o.push_str("\nLevels:\n");
+    let mut levels: Vec<(&String, &v1::LevelStatus)> = st.levels.iter().collect();
+    levels.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
+    for (n, l) in levels {
+        o.push_str(&format!(
+            "  {n:>3}  {:<9} {:>3}/{:<3} merge {}",
+            l.status, l.complete, l.tasks, l.merge_status
+        ));
+        if !l.conflicts.is_empty() {
+            o.push_str(&format!("  conflicts: {}", l.conflicts.join(", ")));
+        }
+        o.push('\n');
+    }
+    o.push_str("\nWorkers:\n");
+    let mut workers: Vec<(&String, &v1::WorkerStatus)> = st.workers.iter().collect();
+    workers.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
+    for (id, w) in workers {
+        let task = if w.current_task.is_empty() {
+            "-"
+        } else {
+            w.current_task.as_str()
+        };
+        let step = if w.step.is_empty() {
+            "-"
+        } else {
+            w.step.as_str()
+        };
+        o.push_str(&format!(
+            "  W{id:<3} {:<9} task {task:<16} step {step:<16} done {:<3} hb {}",
+            w.status,
+            w.tasks_completed,
+            if w.last_heartbeat.is_empty() {
+                "-"
+            } else {
+                &w.last_heartbeat
+            }
+        ));
+        if !w.last_exit.is_empty() {
+            o.push_str(&format!("  last exit {}", w.last_exit));
+        }
+        if !w.reason.is_empty() {
+            o.push_str(&format!("  ({})", w.reason));
+        }
+        o.push('\n');
+    }
+    let mut not_done: Vec<(&String, &v1::TaskStatus)> = st
+        .tasks
+        .iter()
+        .filter(|(_, t)| t.status != "complete" && t.status != "pending")
+        .collect();
+    not_done.sort_by_key(|(id, t)| (t.level, id.to_string()));
+    if !not_done.is_empty() {
+        o.push_str("\nTasks:\n");
+        for (id, t) in not_done {
+            o.push_str(&format!(
+                "  {id:<20} {:<13} L{} attempts {}",
+                t.status, t.level, t.attempts
+            ));
+            if let Some(w) = t.worker_id {
+                o.push_str(&format!(" W{w}"));
+            }
+            if !t.error.is_empty() {
+                o.push_str(&format!("  {}", t.error));
+            }
+            o.push('\n');
+        }
+    }
+    if let Some(r) = &st.resilience {
+        o.push_str(&format!(
+            "\nResilience: spawn retries {}, stale detections {}, task reassignments {}, worker respawns {}, reconcile fixes {}\n",
+            r.spawn_retries, r.stale_detections, r.task_reassignments, r.worker_respawns, r.reconcile_fixes
+        ));
+    }
+    let open: Vec<&v1::Escalation> = st.escalations.iter().filter(|e| !e.resolved).collect();
+    if !open.is_empty() {
+        o.push_str("\nEscalations (need a human):\n");
+        for e in open {
+            o.push_str(&format!(
+                "  W{} {} [{}] {}\n",
+                e.worker_id, e.task_id, e.category, e.message
+            ));
+        }
+    }
+    for w in &st.warnings {
+        o.push_str(&format!("warning: {w}\n"));
+    }
+    o
+}
+
+/// The end-of-rush summary.
+pub fn summary(st: &v1::RushStatus) -> String {
+    let total = st.tasks.len();
+    let done = done_count(st);
+    let mut o = match st.state.as_str() {
+        "complete" => format!(
+            "✓ Rush {} complete: {done}/{total} tasks. Result on branch {}.\n",
+            st.feature, st.staging_branch
+        ),
+        "paused" => format!("⏸ Rush {} paused: {}\n", st.feature, st.reason),
+        "stopped" => format!(
+            "■ Rush {} stopped ({done}/{total} tasks done). Resume with `zergctl rush {}`.\n",
+            st.feature, st.feature
+        ),
+        _ => format!(
+            "✗ Rush {} failed: {done}/{total} tasks complete.\n",
+            st.feature
+        ),
+    };
+    for line in &st.report {
+        o.push_str(&format!("  {line}\n"));
+    }
+    if st.state == "failed" {
+        if st.report.is_empty() && !st.reason.is_empty() {
+            o.push_str(&format!("  {}\n", st.reason));
+        }
+        o.push_str(&format!(
+            "Fix the cause, then `zergctl retry {}`.\n",
+            st.feature
+        ));
+    }
+    o
+}
+
+/// Live progress while following a rush: a bar on a terminal, plain lines otherwise.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// A progress view on stderr.
+    pub fn new() -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks  {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.enable_steady_tick(std::time::Duration::from_millis(200));
+            b
+        });
+        Progress { bar }
+    }
+
+    /// Shows a new status.
+    pub fn update(&mut self, st: &v1::RushStatus, message: &str) {
+        let done = done_count(st) as u64;
+        let running = st
+            .workers
+            .values()
+            .filter(|w| w.status == "running")
+            .count();
+        match &self.bar {
+            Some(b) => {
+                b.set_length(st.tasks.len() as u64);
+                b.set_position(done);
+                b.set_message(format!(
+                    "level {}/{} · {running} running · {}",
+                    st.current_level, st.total_levels, st.state
+                ));
+                if !message.is_empty() {
+                    b.println(message);
+                }
+            }
+            None => {
+                if !message.is_empty() {
+                    eprintln!("[{done}/{}] {message}", st.tasks.len());
+                }
+            }
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,603 @@
+//! `.zerg/config.yaml`: the per-repository settings a rush runs with.
+//!
+//! Keys and defaults follow the original ZERG (REFERENCE §8) plus the resilience keys of the
+//! seed. Sections that the original knows but this engine does not use (`plugins`, `mcp_servers`,
+//! `git`, …) are accepted silently; any other unknown key produces a warning; a value of the wrong
+//! type is an error that names the key path.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How a backoff delay grows with the attempt number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffStrategy {
+    /// `base · 2^attempt`.
+    #[default]
+    Exponential,
+    /// `base · attempt`.
+    Linear,
+    /// `base`.
+    Fixed,
+}
+
+/// The whole config file.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Config {
+    /// Worker and task-retry settings.
+    pub workers: WorkersConfig,
+    /// Master switch for the resilience loops.
+    pub resilience: ResilienceConfig,
+    /// The agent CLI the workers run.
+    pub agent: AgentConfig,
+    /// Three-tier verification.
+    pub verification_tiers: VerificationTiers,
+    /// Gates run on staging after every level merge.
+    pub quality_gates: Vec<QualityGate>,
+    /// Container mode settings.
+    pub container: ContainerConfig,
+    /// Resource limits for container workers.
+    pub resources: ResourcesConfig,
+}
+
+/// `workers:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkersConfig {
+    /// Retries of a task that failed (after the first attempt).
+    pub retry_attempts: u32,
+    /// Task retry backoff curve.
+    pub backoff_strategy: BackoffStrategy,
+    /// Task retry backoff base, seconds.
+    pub backoff_base_seconds: f64,
+    /// Task retry backoff cap, seconds.
+    pub backoff_max_seconds: f64,
+    /// Retries of a worker spawn that failed.
+    pub spawn_retry_attempts: u32,
+    /// Spawn backoff curve.
+    pub spawn_backoff_strategy: BackoffStrategy,
+    /// Spawn backoff base, seconds.
+    pub spawn_backoff_base_seconds: f64,
+    /// Spawn backoff cap, seconds.
+    pub spawn_backoff_max_seconds: f64,
+    /// A task with no progress for this long is failed with reason `timeout`.
+    pub task_stale_timeout_seconds: f64,
+    /// How often agents send a heartbeat.
+    pub heartbeat_interval_seconds: f64,
+    /// A worker with no heartbeat for this long is stale.
+    pub heartbeat_stale_threshold: f64,
+    /// Replace workers that exit while work remains.
+    pub auto_respawn: bool,
+    /// Respawns allowed per worker slot within `respawn_window_seconds`.
+    pub max_respawn_attempts: u32,
+    /// Window for counting respawns.
+    pub respawn_window_seconds: f64,
+    /// A spawned worker must register within this long.
+    pub spawn_ready_timeout_seconds: f64,
+    /// Grace between SIGTERM and SIGKILL when stopping a worker.
+    pub stop_grace_seconds: f64,
+    /// Interval of the light reconciliation check.
+    pub reconcile_interval_seconds: f64,
+    /// Accepted for compatibility; the rush's `--workers` decides.
+    pub max_concurrent: Option<u32>,
+    /// Accepted for compatibility; unused.
+    pub timeout_minutes: Option<u32>,
+    /// Accepted for compatibility; `--mode` decides.
+    pub launcher_type: Option<String>,
+    /// Accepted for compatibility; unused.
+    pub context_threshold_percent: Option<u32>,
+    /// Accepted for compatibility; unused.
+    pub task_list_id: Option<String>,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        Self {
+            retry_attempts: 3,
+            backoff_strategy: BackoffStrategy::Exponential,
+            backoff_base_seconds: 30.0,
+            backoff_max_seconds: 300.0,
+            spawn_retry_attempts: 3,
+            spawn_backoff_strategy: BackoffStrategy::Exponential,
+            spawn_backoff_base_seconds: 2.0,
+            spawn_backoff_max_seconds: 30.0,
+            task_stale_timeout_seconds: 600.0,
+            heartbeat_interval_seconds: 30.0,
+            heartbeat_stale_threshold: 120.0,
+            auto_respawn: true,
+            max_respawn_attempts: 5,
+            respawn_window_seconds: 600.0,
+            spawn_ready_timeout_seconds: 60.0,
+            stop_grace_seconds: 10.0,
+            reconcile_interval_seconds: 60.0,
+            max_concurrent: None,
+            timeout_minutes: None,
+            launcher_type: None,
+            context_threshold_percent: None,
+            task_list_id: None,
+        }
+    }
+}
+
+/// `resilience:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ResilienceConfig {
+    /// When false, spawn retry, respawn and the watchdogs are off: the first failure is final.
+    pub enabled: bool,
+}
+
+impl Default for ResilienceConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// `agent:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    /// argv of the agent CLI; the prompt is appended as the last argument.
+    pub command: Vec<String>,
+    /// Wall-clock limit for one agent run.
+    pub timeout_seconds: f64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            command: vec![
+                "claude".into(),
+                "--print".into(),
+                "--dangerously-skip-permissions".into(),
+            ],
+            timeout_seconds: 1800.0,
+        }
+    }
+}
+
+/// `verification_tiers:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VerificationTiers {
+    /// Whether a tier 1 failure fails the task.
+    pub tier1_blocking: bool,
+    /// Tier 1 (syntax) command.
+    pub tier1_command: Option<String>,
+    /// Whether a tier 2 failure fails the task.
+    pub tier2_blocking: bool,
+    /// Tier 2 (correctness) command; defaults to the task's verification command.
+    pub tier2_command: Option<String>,
+    /// Whether a tier 3 failure fails the task.
+    pub tier3_blocking: bool,
+    /// Tier 3 (quality) command.
+    pub tier3_command: Option<String>,
+    /// Timeout for tiers 1 and 3 (tier 2 uses the task's own timeout when it runs the task's command).
+    pub timeout_seconds: f64,
+}
+
+impl Default for VerificationTiers {
+    fn default() -> Self {
+        Self {
+            tier1_blocking: true,
+            tier1_command: None,
+            tier2_blocking: true,
+            tier2_command: None,
+            tier3_blocking: false,
+            tier3_command: None,
+            timeout_seconds: 300.0,
+        }
+    }
+}
+
+/// One entry of `quality_gates:`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityGate {
+    /// Gate name, shown in status.
+    pub name: String,
+    /// Shell command, run with `sh -c` in the staging worktree.
+    pub command: String,
+    /// A failing required gate pauses the rush.
+    #[serde(default)]
+    pub required: bool,
+    /// Timeout in seconds.
+    #[serde(default = "default_gate_timeout")]
+    pub timeout: f64,
+    /// Accepted for compatibility; unused.
+    #[serde(default)]
+    pub coverage_threshold: Option<f64>,
+}
+
+fn default_gate_timeout() -> f64 {
+    300.0
+}
+
+/// `container:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContainerConfig {
+    /// Image the workers run in.
+    pub image: String,
+    /// Docker network for worker containers.
+    pub network: String,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> Self {
+        Self {
+            image: "zerg-worker:latest".into(),
+            network: "none".into(),
+        }
+    }
+}
+
+/// `resources:` section.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ResourcesConfig {
+    /// Memory limit per container, Docker syntax (`4g`, `512m`).
+    pub container_memory_limit: String,
+    /// CPU limit per container.
+    pub container_cpu_limit: f64,
+    /// Process limit per container.
+    pub container_pids_limit: i64,
+    /// Accepted for compatibility; unused.
+    pub cpu_cores: Option<f64>,
+    /// Accepted for compatibility; unused.
+    pub memory_gb: Option<f64>,
+    /// Accepted for compatibility; unused.
+    pub disk_gb: Option<f64>,
+}
+
+impl Default for ResourcesConfig {
+    fn default() -> Self {
+        Self {
+            container_memory_limit: "4g".into(),
+            container_cpu_limit: 2.0,
+            container_pids_limit: 1024,
+            cpu_cores: None,
+            memory_gb: None,
+            disk_gb: None,
+        }
+    }
+}
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read {path}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Wrong type, bad value or bad YAML; the message names the key path.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong, starting with the key path.
+        message: String,
+    },
+}
+
+/// Top-level sections of the original ZERG config that this engine accepts and ignores.
+const IGNORED_SECTIONS: &[&str] = &[
+    "project",
+    "ports",
+    "mcp_servers",
+    "logging",
+    "security",
+    "plugins",
+    "efficiency",
+    "rules",
+    "error_recovery",
+    "git",
+    "improvement_loops",
+    "behavioral_modes",
+    "verification",
+    "mcp_routing",
+    "tdd",
+    "heartbeat",
+    "escalation",
+    "repo_map",
+    "token_metrics",
+    "planning",
+    "rush",
+    "analyze",
+    "architecture",
+];
+
+impl Config {
+    /// Loads `<repo>/.zerg/config.yaml`; a missing file gives the defaults.
+    /// Returns the config and the warnings (unknown keys).
+    pub fn load(repo: &Path) -> Result<(Config, Vec<String>), ConfigError> {
+        let path = repo.join(".zerg").join("config.yaml");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&text, &path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Config::default(), vec![])),
+            Err(source) => Err(ConfigError::Io {
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Parses config text. `path` is used in messages only.
+    pub fn parse(text: &str, path: &str) -> Result<(Config, Vec<String>), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_string(),
+            message,
+        };
+        let value: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if value.is_null() {
+            return Ok((Config::default(), vec![]));
+        }
+        let mut warnings = Vec::new();
+        collect_unknown(&value, &mut warnings, path);
+        let config: Config = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        config.check().map_err(invalid)?;
+        Ok((config, warnings))
+    }
+
+    /// Range checks that types alone do not express.
+    fn check(&self) -> Result<(), String> {
+        let w = &self.workers;
+        let positive = [
+            ("workers.backoff_base_seconds", w.backoff_base_seconds),
+            ("workers.backoff_max_seconds", w.backoff_max_seconds),
+            (
+                "workers.spawn_backoff_base_seconds",
+                w.spawn_backoff_base_seconds,
+            ),
+            (
+                "workers.spawn_backoff_max_seconds",
+                w.spawn_backoff_max_seconds,
+            ),
+            (
+                "workers.task_stale_timeout_seconds",
+                w.task_stale_timeout_seconds,
+            ),
+            (
+                "workers.heartbeat_interval_seconds",
+                w.heartbeat_interval_seconds,
+            ),
+            (
+                "workers.heartbeat_stale_threshold",
+                w.heartbeat_stale_threshold,
+            ),
+            ("workers.respawn_window_seconds", w.respawn_window_seconds),
+            (
+                "workers.spawn_ready_timeout_seconds",
+                w.spawn_ready_timeout_seconds,
+            ),
+            (
+                "workers.reconcile_interval_seconds",
+                w.reconcile_interval_seconds,
+            ),
+            ("agent.timeout_seconds", self.agent.timeout_seconds),
+            (
+                "verification_tiers.timeout_seconds",
+                self.verification_tiers.timeout_seconds,
+            ),
+        ];
+        for (key, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!(
+                    "{key}: must be a positive number of seconds, got {v}"
+                ));
+            }
+        }
+        if !(w.stop_grace_seconds.is_finite() && w.stop_grace_seconds >= 0.0) {
+            return Err("workers.stop_grace_seconds: must be zero or more seconds".into());
+        }
+        if w.heartbeat_stale_threshold <= w.heartbeat_interval_seconds {
+            return Err(format!(
+                "workers.heartbeat_stale_threshold: must be larger than workers.heartbeat_interval_seconds ({} <= {})",
+                w.heartbeat_stale_threshold, w.heartbeat_interval_seconds
+            ));
+        }
+        if self.agent.command.is_empty() || self.agent.command[0].trim().is_empty() {
+            return Err("agent.command: must be a non-empty list, e.g. [claude, --print]".into());
+        }
+        for (i, g) in self.quality_gates.iter().enumerate() {
+            if g.command.trim().is_empty() {
+                return Err(format!("quality_gates[{i}].command: must not be empty"));
+            }
+            if !(g.timeout.is_finite() && g.timeout > 0.0) {
+                return Err(format!("quality_gates[{i}].timeout: must be positive"));
+            }
+        }
+        if !(self.resources.container_cpu_limit.is_finite()
+            && self.resources.container_cpu_limit > 0.0)
+        {
+            return Err("resources.container_cpu_limit: must be positive".into());
+        }
+        parse_memory(&self.resources.container_memory_limit)
+            .map_err(|e| format!("resources.container_memory_limit: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Parses a Docker-style memory size (`4g`, `512m`, `1024k`, `1073741824`) into bytes.
+pub fn parse_memory(s: &str) -> Result<i64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size such as 4g or 512m"))?;
+    if n <= 0.0 {
+        return Err(format!("'{s}' must be positive"));
+    }
+    Ok((n * mult as f64) as i64)
+}
+
+/// Known keys per section, for unknown-key warnings.
+fn known_keys(section: &str) -> Option<&'static [&'static str]> {
+    Some(match section {
+        "workers" => &[
+            "retry_attempts",
+            "backoff_strategy",
+            "backoff_base_seconds",
+            "backoff_max_seconds",
+            "spawn_retry_attempts",
+            "spawn_backoff_strategy",
+            "spawn_backoff_base_seconds",
+            "spawn_backoff_max_seconds",
+            "task_stale_timeout_seconds",
+            "heartbeat_interval_seconds",
+            "heartbeat_stale_threshold",
+            "auto_respawn",
+            "max_respawn_attempts",
+            "respawn_window_seconds",
+            "spawn_ready_timeout_seconds",
+            "stop_grace_seconds",
+            "reconcile_interval_seconds",
+            "max_concurrent",
+            "timeout_minutes",
+            "launcher_type",
+            "context_threshold_percent",
+            "task_list_id",
+        ],
+        "resilience" => &["enabled"],
+        "agent" => &["command", "timeout_seconds"],
+        "verification_tiers" => &[
+            "tier1_blocking",
+            "tier1_command",
+            "tier2_blocking",
+            "tier2_command",
+            "tier3_blocking",
+            "tier3_command",
+            "timeout_seconds",
+        ],
+        "container" => &["image", "network"],
+        "resources" => &[
+            "container_memory_limit",
+            "container_cpu_limit",
+            "container_pids_limit",
+            "cpu_cores",
+            "memory_gb",
+            "disk_gb",
+        ],
+        _ => return None,
+    })
+}
+
+fn collect_unknown(value: &serde_yaml::Value, warnings: &mut Vec<String>, path: &str) {
+    let Some(map) = value.as_mapping() else {
+        return;
+    };
+    for (k, v) in map {
+        let Some(key) = k.as_str() else { continue };
+        if key == "quality_gates" || IGNORED_SECTIONS.contains(&key) {
+            continue;
+        }
+        match known_keys(key) {
+            Some(known) => {
+                if let Some(inner) = v.as_mapping() {
+                    for (ik, _) in inner {
+                        if let Some(ik) = ik.as_str() {
+                            if !known.contains(&ik) {
+                                warnings.push(format!("{path}: unknown key {key}.{ik} (ignored)"));
+                            }
+                        }
+                    }
+                }
+            }
+            None => warnings.push(format!("{path}: unknown key {key} (ignored)")),
+        }
+    }
+}
+
+/// Converts config seconds to a [`Duration`].
+pub fn secs(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let (c, w) = Config::parse("", "c.yaml").unwrap();
+        assert_eq!(c.workers.retry_attempts, 3);
+        assert_eq!(c.workers.spawn_backoff_base_seconds, 2.0);
+        assert_eq!(c.workers.task_stale_timeout_seconds, 600.0);
+        assert_eq!(c.agent.command[0], "claude");
+        assert!(c.resilience.enabled);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn original_sections_are_accepted_silently() {
+        let text = "project: {name: x}\nplugins: {enabled: true}\nworkers: {timeout_minutes: 60, retry_attempts: 2}\n";
+        let (c, w) = Config::parse(text, "c.yaml").unwrap();
+        assert_eq!(c.workers.retry_attempts, 2);
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn unknown_keys_warn() {
+        let text = "workers: {retry_atempts: 2}\nbogus: 1\n";
+        let (_, w) = Config::parse(text, "c.yaml").unwrap();
+        assert_eq!(w.len(), 2);
+        assert!(w[0].contains("workers.retry_atempts"));
+        assert!(w[1].contains("bogus"));
+    }
+
+    #[test]
+    fn wrong_type_names_the_key_path() {
+        let err = Config::parse("workers:\n  retry_attempts: lots\n", "c.yaml").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("workers.retry_attempts"), "{msg}");
+    }
+
+    #[test]
+    fn small_timeouts_are_accepted() {
+        let text = "workers: {heartbeat_interval_seconds: 0.2, heartbeat_stale_threshold: 1, task_stale_timeout_seconds: 1}\n";
+        let (c, _) = Config::parse(text, "c.yaml").unwrap();
+        assert_eq!(
+            secs(c.workers.heartbeat_stale_threshold),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn range_errors_name_the_key() {
+        let err =
+            Config::parse("workers: {task_stale_timeout_seconds: 0}\n", "c.yaml").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("workers.task_stale_timeout_seconds")
+        );
+        let err = Config::parse("agent: {command: []}\n", "c.yaml").unwrap_err();
+        assert!(err.to_string().contains("agent.command"));
+        let err =
+            Config::parse("resources: {container_memory_limit: lots}\n", "c.yaml").unwrap_err();
+        assert!(err.to_string().contains("container_memory_limit"));
+    }
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_memory("4g").unwrap(), 4 << 30);
+        assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_memory("1024").unwrap(), 1024);
+        assert!(parse_memory("-1g").is_err());
+    }
+}

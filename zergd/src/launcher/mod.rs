@@ -1,0 +1,182 @@
+//! How workers are started and stopped: the [`Launcher`] trait, with a subprocess
+//! implementation ([`subprocess`]) and a Docker implementation ([`container`]).
+//!
+//! A launcher starts one `zerg-worker-agent` per call, reports its exit exactly once through the
+//! [`ExitSink`] it was given (the moment it happens, not at the next poll), and can stop a worker
+//! (SIGTERM to the whole process group or container, then SIGKILL after a grace period).
+
+pub mod container;
+pub mod subprocess;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// A boxed future, so launchers can be used as trait objects.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Receives a worker's exit, once.
+pub type ExitSink = Box<dyn FnOnce(ExitInfo) + Send + 'static>;
+
+/// Everything needed to start one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Rush id.
+    pub rush_id: String,
+    /// Feature name.
+    pub feature: String,
+    /// Worker slot.
+    pub worker_id: u32,
+    /// Spawn generation of the slot.
+    pub generation: u64,
+    /// Repository root (host path).
+    pub repo: PathBuf,
+    /// The worker's worktree (host path).
+    pub worktree: PathBuf,
+    /// The worker's branch.
+    pub branch: String,
+    /// The rush's spec snapshot (host path).
+    pub spec_dir: PathBuf,
+    /// `.zerg/state` (host path).
+    pub state_dir: PathBuf,
+    /// `.zerg/logs` (host path).
+    pub log_dir: PathBuf,
+    /// zergd's socket (host path).
+    pub socket: PathBuf,
+    /// The `zerg-worker-agent` binary (host path).
+    pub agent_bin: PathBuf,
+    /// Container settings (container mode only).
+    pub container: ContainerSpec,
+}
+
+/// Container-mode settings from the rush config.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerSpec {
+    /// Image.
+    pub image: String,
+    /// Network mode.
+    pub network: String,
+    /// Memory limit in bytes.
+    pub memory_bytes: i64,
+    /// CPU limit in cores.
+    pub cpus: f64,
+    /// Process limit.
+    pub pids_limit: i64,
+}
+
+/// A started worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spawned {
+    /// Process id (of the agent; inside a container, as seen by the host if known).
+    pub pid: Option<i32>,
+    /// Process start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_time: Option<u64>,
+    /// Container id.
+    pub container_id: Option<String>,
+}
+
+/// How a worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// Exited with a code.
+    Code(i32),
+    /// Killed by a signal.
+    Signal(i32),
+    /// Killed by the kernel's OOM killer (containers).
+    OomKilled,
+    /// Gone, code unknown (a re-adopted worker, whose parent was an earlier zergd).
+    Vanished,
+}
+
+impl ExitInfo {
+    /// The shell-style code: signals as `128 + n`.
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            ExitInfo::Code(c) => Some(*c),
+            ExitInfo::Signal(s) => Some(128 + s),
+            ExitInfo::OomKilled => Some(137),
+            ExitInfo::Vanished => None,
+        }
+    }
+
+    /// A human description, e.g. `3 (blocked)` or `signal 9`.
+    pub fn describe(&self) -> String {
+        match self {
+            ExitInfo::Code(c) => format!("{c} ({})", exit_meaning(*c)),
+            ExitInfo::Signal(s) => format!("signal {s}"),
+            ExitInfo::OomKilled => "OOM-killed".into(),
+            ExitInfo::Vanished => "vanished".into(),
+        }
+    }
+}
+
+/// Meaning of a worker exit code (REFERENCE §5.4).
+pub fn exit_meaning(code: i32) -> &'static str {
+    match code {
+        0 => "success",
+        1 => "error",
+        2 => "checkpoint",
+        3 => "blocked",
+        4 => "escalation",
+        130 => "interrupted",
+        _ => "crash",
+    }
+}
+
+/// A spawn that failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct SpawnError {
+    /// What went wrong, and what to do about it.
+    pub message: String,
+}
+
+impl SpawnError {
+    /// A spawn error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// A worker found by [`Launcher::discover`] (for example a container left by an earlier zergd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    /// Worker slot.
+    pub worker_id: u32,
+    /// Spawn generation.
+    pub generation: u64,
+    /// Handle.
+    pub spawned: Spawned,
+    /// Whether it is still running.
+    pub running: bool,
+}
+
+/// Starts and stops workers.
+pub trait Launcher: Send + Sync + 'static {
+    /// Starts a worker. `on_exit` is called once when it ends.
+    fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>>;
+
+    /// Stops a worker: SIGTERM (or the container equivalent), then SIGKILL after `grace`.
+    fn stop(&self, worker: Spawned, grace: Duration) -> BoxFuture<()>;
+
+    /// Whether a worker recorded by an earlier zergd is still the same live worker.
+    fn is_alive(&self, worker: Spawned) -> BoxFuture<bool>;
+
+    /// Starts watching a worker that an earlier zergd started; `on_exit` is called once when
+    /// it ends.
+    fn watch(&self, worker: Spawned, on_exit: ExitSink);
+
+    /// Workers of a rush that exist right now (containers found by label). Subprocess workers
+    /// are found through the state file instead, so the default is empty.
+    fn discover(&self, _rush_id: &str) -> BoxFuture<Vec<Discovered>> {
+        Box::pin(async { Vec::new() })
+    }
+
+    /// Removes what is left of a stopped worker (a container). Default: nothing.
+    fn cleanup(&self, _worker: Spawned) -> BoxFuture<()> {
+        Box::pin(async {})
+    }
+}

@@ -1,0 +1,178 @@
+//! Workers as local processes.
+//!
+//! Each `zerg-worker-agent` runs in its own process group (so the agent CLI and anything it
+//! starts can be signalled together), with cwd = its worktree and output appended to
+//! `.zerg/logs/worker-<N>.log`. tokio reaps the child and reports the exit code at once.
+
+use std::fs::OpenOptions;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+
+use super::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
+
+/// Launches workers as child processes of zergd.
+#[derive(Debug, Default, Clone)]
+pub struct SubprocessLauncher;
+
+/// The environment every worker gets (REFERENCE §5.1), with host paths.
+pub fn worker_env(spec: &WorkerSpec) -> Vec<(String, String)> {
+    let p = |x: &std::path::Path| x.to_string_lossy().to_string();
+    vec![
+        ("ZERG_WORKER_ID".into(), spec.worker_id.to_string()),
+        ("ZERG_FEATURE".into(), spec.feature.clone()),
+        ("ZERG_WORKTREE".into(), p(&spec.worktree)),
+        ("ZERG_BRANCH".into(), spec.branch.clone()),
+        ("ZERG_SPEC_DIR".into(), p(&spec.spec_dir)),
+        ("ZERG_STATE_DIR".into(), p(&spec.state_dir)),
+        ("ZERG_REPO_PATH".into(), p(&spec.repo)),
+        ("ZERG_LOG_DIR".into(), p(&spec.log_dir)),
+        ("ZERG_SOCKET".into(), p(&spec.socket)),
+        ("ZERG_RUSH_ID".into(), spec.rush_id.clone()),
+        ("ZERG_GENERATION".into(), spec.generation.to_string()),
+    ]
+}
+
+impl Launcher for SubprocessLauncher {
+    fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>> {
+        Box::pin(async move {
+            std::fs::create_dir_all(&spec.log_dir).map_err(|e| {
+                SpawnError::new(format!(
+                    "cannot create log dir {}: {e}",
+                    spec.log_dir.display()
+                ))
+            })?;
+            let log_path = spec.log_dir.join(format!("worker-{}.log", spec.worker_id));
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .map_err(|e| SpawnError::new(format!("cannot open {}: {e}", log_path.display())))?;
+            let log2 = log
+                .try_clone()
+                .map_err(|e| SpawnError::new(format!("cannot open {}: {e}", log_path.display())))?;
+            let mut cmd = Command::new(&spec.agent_bin);
+            cmd.current_dir(&spec.worktree)
+                .envs(worker_env(&spec))
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log))
+                .stderr(Stdio::from(log2))
+                .process_group(0);
+            let mut child = cmd.spawn().map_err(|e| {
+                SpawnError::new(format!(
+                    "cannot start worker agent {}: {e} (set ZERG_WORKER_AGENT_BIN or install zerg-worker-agent next to zergd)",
+                    spec.agent_bin.display()
+                ))
+            })?;
+            let pid = child.id().map(|p| p as i32);
+            let start_time = pid.and_then(proc_start_time);
+            tokio::spawn(async move {
+                let info = match child.wait().await {
+                    Ok(st) => {
+                        use std::os::unix::process::ExitStatusExt;
+                        match (st.code(), st.signal()) {
+                            (Some(c), _) => ExitInfo::Code(c),
+                            (None, Some(s)) => ExitInfo::Signal(s),
+                            _ => ExitInfo::Vanished,
+                        }
+                    }
+                    Err(_) => ExitInfo::Vanished,
+                };
+                on_exit(info);
+            });
+            Ok(Spawned {
+                pid,
+                start_time,
+                container_id: None,
+            })
+        })
+    }
+
+    fn stop(&self, worker: Spawned, grace: Duration) -> BoxFuture<()> {
+        Box::pin(async move {
+            let Some(pid) = worker.pid else { return };
+            if !same_process(&worker) {
+                return;
+            }
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+            let deadline = tokio::time::Instant::now() + grace;
+            while tokio::time::Instant::now() < deadline {
+                if !same_process(&worker) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // The group outlived its grace period (or is stopped): SIGKILL works on stopped
+            // processes too.
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        })
+    }
+
+    fn is_alive(&self, worker: Spawned) -> BoxFuture<bool> {
+        Box::pin(async move { same_process(&worker) })
+    }
+
+    fn watch(&self, worker: Spawned, on_exit: ExitSink) {
+        tokio::spawn(async move {
+            while same_process(&worker) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            on_exit(ExitInfo::Vanished);
+        });
+    }
+}
+
+/// Whether the recorded pid still names the same, live (non-zombie) process.
+pub fn same_process(worker: &Spawned) -> bool {
+    let Some(pid) = worker.pid else { return false };
+    match (proc_stat(pid), worker.start_time) {
+        (Some((state, _)), _) if state == 'Z' || state == 'X' => false,
+        (Some((_, start)), Some(want)) => start == want,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Start time (field 22 of `/proc/<pid>/stat`).
+pub fn proc_start_time(pid: i32) -> Option<u64> {
+    proc_stat(pid).map(|(_, s)| s)
+}
+
+fn proc_stat(pid: i32) -> Option<(char, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_start_time_matters() {
+        let me = std::process::id() as i32;
+        let st = proc_start_time(me).unwrap();
+        assert!(same_process(&Spawned {
+            pid: Some(me),
+            start_time: Some(st),
+            container_id: None
+        }));
+        assert!(!same_process(&Spawned {
+            pid: Some(me),
+            start_time: Some(st + 1),
+            container_id: None
+        }));
+        assert!(!same_process(&Spawned {
+            pid: None,
+            start_time: None,
+            container_id: None
+        }));
+    }
+}

@@ -1,0 +1,172 @@
+//! zergd, the zerg daemon.
+//!
+//! zergd runs a feature's task graph (`.gsd/specs/<feature>/task-graph.json`) across N
+//! coding-agent workers, each in its own git worktree, level by level, merging every level into
+//! `zerg/<feature>/staging` so the next level sees all of the previous one. It keeps the run
+//! going when workers fail to spawn, crash or hang, and when zergd itself restarts.
+//!
+//! The crate is a library with a thin `main`: [`run`] serves the `zerg.v1` gRPC API on a Unix
+//! socket and drives one [`supervisor::Supervisor`] actor that owns every rush.
+
+pub mod backoff;
+pub mod clock;
+pub mod config;
+pub mod git;
+pub mod launcher;
+pub mod monitor;
+pub mod server;
+pub mod state;
+pub mod supervisor;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::fcntl::{Flock, FlockArg};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use zerg_proto::v1::control_server::ControlServer;
+use zerg_proto::v1::worker_server::WorkerServer;
+
+use crate::clock::SystemClock;
+use crate::supervisor::{Settings, Supervisor};
+
+/// Environment variable naming the worker agent binary.
+pub const ENV_WORKER_AGENT_BIN: &str = "ZERG_WORKER_AGENT_BIN";
+
+/// Daemon options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Control socket path.
+    pub socket: PathBuf,
+    /// Directory for zergd's own state (the rush registry).
+    pub state_dir: PathBuf,
+    /// The worker agent binary.
+    pub agent_bin: PathBuf,
+}
+
+/// Why the daemon could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Another zergd holds the lock.
+    #[error("another zergd is already running for {0}")]
+    AlreadyRunning(PathBuf),
+    /// Socket or filesystem problem.
+    #[error("{context}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server failed")]
+    Server(#[from] tonic::transport::Error),
+}
+
+fn io_err(context: String) -> impl FnOnce(std::io::Error) -> DaemonError {
+    move |source| DaemonError::Io { context, source }
+}
+
+/// The default directory for zergd's own state: `$XDG_STATE_HOME/zerg` (or the platform's
+/// equivalent).
+pub fn default_state_dir() -> PathBuf {
+    directories::ProjectDirs::from("", "", "zerg")
+        .map(|d| d.state_dir().unwrap_or(d.data_dir()).to_path_buf())
+        .unwrap_or_else(|| std::env::temp_dir().join("zerg-state"))
+}
+
+/// Finds the worker agent binary: `$ZERG_WORKER_AGENT_BIN`, else next to this executable,
+/// else `zerg-worker-agent` on `PATH`.
+pub fn default_agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os(ENV_WORKER_AGENT_BIN).filter(|v| !v.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let sib = dir.join("zerg-worker-agent");
+            if sib.exists() {
+                return sib;
+            }
+        }
+    }
+    PathBuf::from("zerg-worker-agent")
+}
+
+/// Runs the daemon until `shutdown` resolves or a Shutdown RPC arrives.
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let dir = opts.socket.parent().unwrap_or(Path::new(".")).to_path_buf();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(io_err(format!(
+            "cannot create socket directory {}",
+            dir.display()
+        )))?;
+    std::fs::create_dir_all(&opts.state_dir).map_err(io_err(format!(
+        "cannot create {}",
+        opts.state_dir.display()
+    )))?;
+
+    // One daemon per socket: the lock file is separate from the socket so a stale socket from
+    // a killed daemon never blocks a restart.
+    let lock_path = opts.socket.with_extension("lock");
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err(format!("cannot open {}", lock_path.display())))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| DaemonError::AlreadyRunning(opts.socket.clone()))?;
+    let _ = std::fs::remove_file(&opts.socket);
+    let listener = UnixListener::bind(&opts.socket)
+        .map_err(io_err(format!("cannot bind {}", opts.socket.display())))?;
+    std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err(format!("cannot chmod {}", opts.socket.display())))?;
+
+    let settings = Settings {
+        socket: opts.socket.clone(),
+        agent_bin: opts.agent_bin.clone(),
+        registry_path: opts.state_dir.join("rushes.json"),
+    };
+    let sup = Supervisor::new(settings, Arc::new(SystemClock));
+    let services = server::Services::new(sup.handle());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sup_task = tokio::spawn(async move {
+        sup.run().await;
+        let _ = stop_tx.send(());
+    });
+    tracing::info!(socket = %opts.socket.display(), agent = %opts.agent_bin.display(), "zergd listening");
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {},
+            _ = stop_rx => {},
+        }
+    };
+    let result = tonic::transport::Server::builder()
+        .add_service(ControlServer::new(services.clone()))
+        .add_service(WorkerServer::new(services))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
+        .await;
+    sup_task.abort();
+    let _ = std::fs::remove_file(&opts.socket);
+    result?;
+    Ok(())
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down (workers keep running and are re-adopted on restart)"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,278 @@
+//! The gRPC services: thin shims that turn each RPC into a supervisor command.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+use zerg_proto::v1;
+use zerg_proto::v1::control_server::Control;
+use zerg_proto::v1::worker_server::Worker;
+
+use crate::supervisor::{ControlCmd, Event, Handle, WorkerCmd};
+
+/// Both services share one supervisor handle.
+#[derive(Clone)]
+pub struct Services {
+    handle: Handle,
+}
+
+impl Services {
+    /// Services backed by a supervisor.
+    pub fn new(handle: Handle) -> Self {
+        Self { handle }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Control for Services {
+    async fn rush(&self, req: Request<v1::RushRequest>) -> Result<Response<v1::RushReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Rush(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn status(
+        &self,
+        req: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::RushStatus>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Status(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn list(
+        &self,
+        _req: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::ListReply>, Status> {
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::List(tx)))
+            .await
+            .map(Response::new)
+    }
+
+    type WatchStream = ReceiverStream<Result<v1::WatchEvent, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        let rx = self
+            .handle
+            .ask(|tx| Event::Control(ControlCmd::Watch(r, tx)))
+            .await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::StopReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Stop(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn retry(
+        &self,
+        req: Request<v1::RetryRequest>,
+    ) -> Result<Response<v1::RetryReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Retry(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    type LogsStream = BoxStream<v1::LogChunk>;
+
+    async fn logs(
+        &self,
+        req: Request<v1::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let r = req.into_inner();
+        // Resolve the rush (and so its workers) through the supervisor, then read files here.
+        let status = self
+            .handle
+            .ask(|tx| {
+                Event::Control(ControlCmd::Status(
+                    v1::StatusRequest {
+                        repo: r.repo.clone(),
+                        feature: r.feature.clone(),
+                    },
+                    tx,
+                ))
+            })
+            .await?;
+        let log_dir = PathBuf::from(&status.repo).join(".zerg").join("logs");
+        let mut ids: Vec<u32> = status
+            .workers
+            .keys()
+            .filter_map(|k| k.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        if let Some(w) = r.worker_id {
+            if !ids.contains(&w) {
+                return Err(Status::not_found(format!(
+                    "rush {} has no worker {w} (workers: {ids:?})",
+                    status.feature
+                )));
+            }
+            ids = vec![w];
+        }
+        let (tx, rx) = mpsc::channel(256);
+        let tail = if r.tail == 0 { 100 } else { r.tail as usize };
+        tokio::spawn(async move {
+            let mut offsets = Vec::new();
+            for w in &ids {
+                let path = log_dir.join(format!("worker-{w}.log"));
+                let text = tokio::fs::read_to_string(&path).await.unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                for l in &lines[lines.len().saturating_sub(tail)..] {
+                    if tx
+                        .send(Ok(v1::LogChunk {
+                            worker_id: *w,
+                            line: l.to_string(),
+                        }))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                offsets.push((*w, path, text.len() as u64));
+            }
+            if !r.follow {
+                return;
+            }
+            loop {
+                for (w, path, off) in offsets.iter_mut() {
+                    let Ok(mut f) = tokio::fs::File::open(&*path).await else {
+                        continue;
+                    };
+                    let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+                    if len < *off {
+                        *off = 0;
+                    }
+                    if len == *off || f.seek(std::io::SeekFrom::Start(*off)).await.is_err() {
+                        continue;
+                    }
+                    let mut reader = BufReader::new(f);
+                    let mut line = String::new();
+                    while let Ok(n) = reader.read_line(&mut line).await {
+                        if n == 0 || !line.ends_with('\n') {
+                            break;
+                        }
+                        *off += n as u64;
+                        let l = line.trim_end().to_string();
+                        line.clear();
+                        if tx
+                            .send(Ok(v1::LogChunk {
+                                worker_id: *w,
+                                line: l,
+                            }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn shutdown(
+        &self,
+        _req: Request<v1::ShutdownRequest>,
+    ) -> Result<Response<v1::ShutdownReply>, Status> {
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Shutdown(tx)))
+            .await
+            .map(Response::new)
+    }
+}
+
+#[tonic::async_trait]
+impl Worker for Services {
+    async fn register(
+        &self,
+        req: Request<v1::RegisterRequest>,
+    ) -> Result<Response<v1::RegisterReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(WorkerCmd::Register(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn lease(
+        &self,
+        req: Request<v1::LeaseRequest>,
+    ) -> Result<Response<v1::LeaseReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(WorkerCmd::Lease(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<Streaming<v1::HeartbeatRequest>>,
+    ) -> Result<Response<v1::HeartbeatReply>, Status> {
+        let mut stream = req.into_inner();
+        while let Some(msg) = stream.next().await {
+            let msg = msg?;
+            self.handle
+                .ask(|tx| Event::Worker(WorkerCmd::Heartbeat(msg, tx)))
+                .await?;
+        }
+        Ok(Response::new(v1::HeartbeatReply {}))
+    }
+
+    async fn complete(
+        &self,
+        req: Request<v1::CompleteRequest>,
+    ) -> Result<Response<v1::Ack>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(WorkerCmd::Complete(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn fail(&self, req: Request<v1::FailRequest>) -> Result<Response<v1::Ack>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(WorkerCmd::Fail(r, tx)))
+            .await
+            .map(Response::new)
+    }
+
+    async fn escalate(
+        &self,
+        req: Request<v1::EscalateRequest>,
+    ) -> Result<Response<v1::Ack>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(WorkerCmd::Escalate(r, tx)))
+            .await
+            .map(Response::new)
+    }
+}

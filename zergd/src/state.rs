@@ -1,0 +1,557 @@
+//! Persisted rush state: `.zerg/state/<feature>.json`.
+//!
+//! The document keeps the original ZERG's shape (REFERENCE §3.2: `feature`, `current_level`,
+//! `tasks`, `workers`, `levels`, `execution_log`, `paused`, `error`, string keys for worker ids
+//! and levels) and adds `format_version`, each task's `level`, and a `rush` section with what
+//! zergd needs to resume after a restart.
+//!
+//! Writes are crash-safe: the new document goes to a temp file in the same directory, which is
+//! fsynced and renamed over the old one, then the directory is fsynced. The previous document is
+//! kept as `<feature>.json.bak` (a hard link, so there is no window without a state file). Every
+//! write holds an exclusive `flock` on the separate `<feature>.lock`, the lock the original's
+//! tools take.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+/// Version of the state document format written by this build.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Entries kept in `execution_log`; older ones are dropped.
+pub const EXECUTION_LOG_LIMIT: usize = 500;
+
+/// The whole state document.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct StateDoc {
+    /// Format version; see [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Feature name.
+    pub feature: String,
+    /// When the rush started (RFC 3339).
+    pub started_at: String,
+    /// Level being executed (0 before the first level starts).
+    pub current_level: u32,
+    /// Per-task state, keyed by task id.
+    pub tasks: BTreeMap<String, TaskState>,
+    /// Per-worker state, keyed by worker id as a string.
+    pub workers: BTreeMap<String, WorkerState>,
+    /// Per-level state, keyed by level number as a string.
+    pub levels: BTreeMap<String, LevelState>,
+    /// Recent events, oldest first, bounded by [`EXECUTION_LOG_LIMIT`].
+    pub execution_log: VecDeque<LogEntry>,
+    /// Summary metrics, written when the rush ends.
+    pub metrics: Option<serde_json::Value>,
+    /// Whether the rush is paused.
+    pub paused: bool,
+    /// Why the rush failed or paused, if it did.
+    pub error: Option<String>,
+    /// zergd's own bookkeeping.
+    pub rush: RushMeta,
+}
+
+/// zergd's bookkeeping for a rush.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct RushMeta {
+    /// Unique id of this rush.
+    pub rush_id: String,
+    /// Absolute repository path.
+    pub repo: String,
+    /// `subprocess` or `container`.
+    pub mode: String,
+    /// Target number of workers.
+    pub workers: u32,
+    /// pending|running|paused|complete|failed|stopped
+    pub state: String,
+    /// Why the rush is in its state.
+    pub reason: String,
+    /// The branch the rush started from.
+    pub base_branch: String,
+    /// The commit the rush started from.
+    pub base_commit: String,
+    /// Current tip of the staging branch.
+    pub staging_head: String,
+    /// Snapshot of the spec directory.
+    pub spec_dir: String,
+    /// When the rush ended.
+    pub finished_at: String,
+    /// Unix ms until which new work is held back (agent rate limit), 0 if none.
+    pub rate_limited_until_ms: i64,
+    /// Resilience counters.
+    pub resilience: Counters,
+    /// Graph and config warnings from rush start.
+    pub warnings: Vec<String>,
+}
+
+/// Resilience counters (NFR-3).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct Counters {
+    /// Spawn attempts retried.
+    pub spawn_retries: u64,
+    /// Stale workers and stale tasks detected.
+    pub stale_detections: u64,
+    /// Tasks taken from one worker and put back for another.
+    pub task_reassignments: u64,
+    /// Workers respawned after an exit.
+    pub worker_respawns: u64,
+    /// Divergences fixed by reconciliation.
+    pub reconcile_fixes: u64,
+}
+
+/// One task.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct TaskState {
+    /// pending|in_progress|waiting_retry|complete|failed|blocked|paused
+    pub status: String,
+    /// Task level (never missing, unlike the original: bug B1).
+    pub level: Option<u32>,
+    /// Task title.
+    pub title: String,
+    /// Worker holding or last holding the task.
+    pub worker_id: Option<u32>,
+    /// Last change.
+    pub updated_at: String,
+    /// When the current lease was granted.
+    pub claimed_at: Option<String>,
+    /// When the current attempt started.
+    pub started_at: Option<String>,
+    /// When the task completed.
+    pub completed_at: Option<String>,
+    /// Last error.
+    pub error: Option<String>,
+    /// Failed attempts so far (crashes excluded).
+    pub retry_count: u32,
+    /// Worker crashes while holding the task.
+    pub crashes: u32,
+    /// When a waiting_retry task becomes pending again.
+    pub next_retry_at: Option<String>,
+    /// Duration of the successful attempt.
+    pub duration_ms: Option<u64>,
+    /// The current lease (attempt id); results for other leases are refused.
+    pub lease_id: Option<String>,
+    /// Number of leases granted so far (feeds lease ids).
+    pub leases: u32,
+    /// Commit that completed the task.
+    pub commit: Option<String>,
+    /// Checkpoint commit to resume from.
+    pub resume_from: Option<String>,
+    /// Files changed outside the task's ownership.
+    pub out_of_scope: Vec<String>,
+    /// Failed tasks this one waits on.
+    pub blocked_by: Vec<String>,
+}
+
+/// One worker slot.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct WorkerState {
+    /// Slot number.
+    pub worker_id: u32,
+    /// starting|ready|running|stale|backoff|stopping|exited|gave_up|blocked|done
+    pub status: String,
+    /// Task being run.
+    pub current_task: Option<String>,
+    /// Worktree path.
+    pub worktree_path: String,
+    /// Worker branch.
+    pub branch: String,
+    /// When the current process started.
+    pub started_at: Option<String>,
+    /// When it registered.
+    pub ready_at: Option<String>,
+    /// Last heartbeat received.
+    pub health_check_at: Option<String>,
+    /// Tasks completed by this slot.
+    pub tasks_completed: u32,
+    /// Process id (subprocess mode, or the agent inside a container).
+    pub pid: Option<i32>,
+    /// Process start time (clock ticks since boot), to tell a live worker from a reused pid.
+    pub pid_start_time: Option<u64>,
+    /// Container id (container mode).
+    pub container_id: Option<String>,
+    /// Spawn generation; results from older generations are refused.
+    pub generation: u64,
+    /// Last commit of this slot that zergd accepted.
+    pub accepted_head: String,
+    /// Unix ms of recent respawns, for the respawn window.
+    pub respawn_times_ms: Vec<i64>,
+    /// Respawns so far.
+    pub respawns: u32,
+    /// Consecutive spawn failures.
+    pub spawn_failures: u32,
+    /// Last exit and its meaning, e.g. `3 (blocked)`.
+    pub last_exit: Option<String>,
+    /// Why the worker is in its status.
+    pub reason: Option<String>,
+    /// Current step from the last heartbeat.
+    pub step: Option<String>,
+    /// Progress from the last heartbeat.
+    pub progress_pct: u32,
+}
+
+/// One level.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct LevelState {
+    /// pending|running|complete|failed
+    pub status: String,
+    /// When the level started.
+    pub started_at: Option<String>,
+    /// When the level finished.
+    pub completed_at: Option<String>,
+    /// Merge commit on staging.
+    pub merge_commit: Option<String>,
+    /// pending|merging|complete|conflict|failed
+    pub merge_status: String,
+    /// Conflicting files, when the merge conflicted.
+    pub conflicts: Vec<String>,
+    /// Error details of a failed merge or gate.
+    pub merge_details: Option<String>,
+}
+
+/// One `execution_log` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LogEntry {
+    /// RFC 3339 timestamp.
+    pub timestamp: String,
+    /// Event name.
+    pub event: String,
+    /// Event data.
+    pub data: serde_json::Value,
+}
+
+impl StateDoc {
+    /// Appends to the execution log, dropping the oldest entries past the limit.
+    pub fn log(&mut self, timestamp: String, event: &str, data: serde_json::Value) {
+        self.execution_log.push_back(LogEntry {
+            timestamp,
+            event: event.to_string(),
+            data,
+        });
+        while self.execution_log.len() > EXECUTION_LOG_LIMIT {
+            self.execution_log.pop_front();
+        }
+    }
+}
+
+/// A state file that could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// I/O failure.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// Which file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Neither the file nor its backup parsed.
+    #[error("{path} is corrupt ({message}) and has no usable backup")]
+    Corrupt {
+        /// Which file.
+        path: PathBuf,
+        /// Parser message.
+        message: String,
+    },
+    /// Written by a newer zergd.
+    #[error(
+        "{path} has format_version {found}, newer than this zergd understands ({FORMAT_VERSION})"
+    )]
+    TooNew {
+        /// Which file.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Reads and writes one feature's state file.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    dir: PathBuf,
+    feature: String,
+}
+
+impl StateStore {
+    /// A store for `<state_dir>/<feature>.json`.
+    pub fn new(state_dir: &Path, feature: &str) -> Self {
+        Self {
+            dir: state_dir.to_path_buf(),
+            feature: feature.to_string(),
+        }
+    }
+
+    /// Path of the state file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(format!("{}.json", self.feature))
+    }
+
+    fn lock(&self) -> Result<Flock<File>, StoreError> {
+        let path = self.dir.join(format!("{}.lock", self.feature));
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io("open lock", &path))?;
+        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| StoreError::Io {
+            op: "lock",
+            path,
+            source: e.into(),
+        })
+    }
+
+    /// Writes the document atomically under the lock.
+    pub fn save(&self, doc: &StateDoc) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec_pretty(doc).map_err(|e| StoreError::Io {
+            op: "serialise",
+            path: self.path(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomic(&self.dir, &self.path(), &bytes, Some(&|| self.lock()))
+    }
+
+    /// Loads the document, falling back to the backup if the main file is corrupt.
+    /// Returns `Ok(None)` when there is no state file.
+    pub fn load(&self) -> Result<Option<StateDoc>, StoreError> {
+        let path = self.path();
+        let primary = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read", &path)(e)),
+        };
+        match parse_doc(&primary, &path) {
+            Ok(d) => Ok(Some(d)),
+            Err(StoreError::Corrupt { message, .. }) => {
+                let bak = self.dir.join(format!("{}.json.bak", self.feature));
+                match fs::read(&bak).ok().map(|b| parse_doc(&b, &bak)) {
+                    Some(Ok(d)) => {
+                        tracing::warn!(path = %path.display(), %message, "state file corrupt; using backup");
+                        Ok(Some(d))
+                    }
+                    _ => Err(StoreError::Corrupt { path, message }),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn parse_doc(bytes: &[u8], path: &Path) -> Result<StateDoc, StoreError> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let found = v
+        .get("format_version")
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0) as u32;
+    if found > FORMAT_VERSION {
+        return Err(StoreError::TooNew {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    serde_json::from_value(v).map_err(|e| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+type LockFn<'a> = &'a dyn Fn() -> Result<Flock<File>, StoreError>;
+
+/// Crash-safe replace of `target` with `bytes`: temp file, fsync, hard-link backup, rename,
+/// directory fsync. `lock` (if given) is held for the duration.
+pub fn write_atomic(
+    dir: &Path,
+    target: &Path,
+    bytes: &[u8],
+    lock: Option<LockFn<'_>>,
+) -> Result<(), StoreError> {
+    fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let _guard = match lock {
+        Some(l) => Some(l()?),
+        None => None,
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(io("create temp in", dir))?;
+    tmp.write_all(bytes).map_err(io("write", target))?;
+    tmp.as_file().sync_all().map_err(io("fsync", target))?;
+    if target.exists() {
+        let mut bak = target.as_os_str().to_owned();
+        bak.push(".bak");
+        let bak = PathBuf::from(bak);
+        let _ = fs::remove_file(&bak);
+        // A hard link keeps the previous generation without ever leaving the target missing.
+        if fs::hard_link(target, &bak).is_err() {
+            let _ = fs::copy(target, &bak);
+        }
+    }
+    tmp.persist(target)
+        .map_err(|e| io("rename onto", target)(e.error))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync directory", dir))?;
+    Ok(())
+}
+
+/// zergd's own list of rushes, in its XDG state directory.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct Registry {
+    /// Format version.
+    pub format_version: u32,
+    /// Known rushes.
+    pub rushes: Vec<RegistryEntry>,
+}
+
+/// One rush zergd knows about.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RegistryEntry {
+    /// Rush id.
+    pub rush_id: String,
+    /// Absolute repository path.
+    pub repo: String,
+    /// Feature name.
+    pub feature: String,
+    /// Last known state.
+    pub state: String,
+}
+
+impl Registry {
+    /// Loads the registry; a missing or unreadable file gives an empty one (the state files in
+    /// each repo remain the source of truth).
+    pub fn load(path: &Path) -> Registry {
+        fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Saves the registry atomically.
+    pub fn save(&self, path: &Path) -> Result<(), StoreError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut me = self.clone();
+        me.format_version = FORMAT_VERSION;
+        let bytes = serde_json::to_vec_pretty(&me).map_err(|e| StoreError::Io {
+            op: "serialise",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomic(dir, path, &bytes, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> StateDoc {
+        let mut d = StateDoc {
+            format_version: FORMAT_VERSION,
+            feature: "f".into(),
+            ..Default::default()
+        };
+        d.tasks.insert(
+            "A-L1-001".into(),
+            TaskState {
+                status: "pending".into(),
+                level: Some(1),
+                ..Default::default()
+            },
+        );
+        d
+    }
+
+    #[test]
+    fn save_then_load_round_trips_and_keeps_a_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path(), "f");
+        let mut d = doc();
+        store.save(&d).unwrap();
+        d.current_level = 2;
+        store.save(&d).unwrap();
+        assert_eq!(store.load().unwrap().unwrap(), d);
+        let bak: StateDoc =
+            serde_json::from_slice(&fs::read(dir.path().join("f.json.bak")).unwrap()).unwrap();
+        assert_eq!(bak.current_level, 0);
+        assert!(dir.path().join("f.lock").exists());
+        // No temp files are left behind.
+        let leftovers: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn corrupt_file_falls_back_to_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path(), "f");
+        store.save(&doc()).unwrap();
+        store.save(&doc()).unwrap();
+        fs::write(store.path(), b"{ truncated").unwrap();
+        assert_eq!(store.load().unwrap().unwrap(), doc());
+        fs::write(dir.path().join("f.json.bak"), b"").unwrap();
+        assert!(matches!(store.load(), Err(StoreError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path(), "f");
+        fs::write(store.path(), br#"{"format_version": 99}"#).unwrap();
+        assert!(matches!(
+            store.load(),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn original_state_files_load() {
+        // A document as the original writes it: no format_version, no rush section.
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path(), "f");
+        fs::write(
+            store.path(),
+            br#"{"feature":"f","started_at":"2026-01-01T00:00:00","current_level":1,
+                "tasks":{"T1":{"status":"complete","worker_id":0}},"workers":{},"levels":{},
+                "execution_log":[],"metrics":null,"paused":false,"error":null}"#,
+        )
+        .unwrap();
+        let d = store.load().unwrap().unwrap();
+        assert_eq!(d.tasks["T1"].status, "complete");
+        assert_eq!(d.tasks["T1"].level, None);
+    }
+
+    #[test]
+    fn execution_log_is_bounded() {
+        let mut d = doc();
+        for i in 0..(EXECUTION_LOG_LIMIT + 10) {
+            d.log(String::new(), "e", serde_json::json!({ "i": i }));
+        }
+        assert_eq!(d.execution_log.len(), EXECUTION_LOG_LIMIT);
+        assert_eq!(d.execution_log[0].data["i"], 10);
+    }
+}

@@ -1,0 +1,458 @@
+//! Blocking work the supervisor hands to `spawn_blocking`: preparing a rush (validation,
+//! snapshots, worktrees) and merging a level into staging.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant as StdInstant, SystemTime};
+
+use tonic::Status;
+use zerg_proto::graph::{self, GraphError, TaskGraph};
+
+use super::rush::{MergeJob, MergeResult, RushPaths, staging_branch, worker_branch};
+use crate::clock::iso_millis;
+use crate::config::{Config, QualityGate, secs};
+use crate::git::{self, MergeOutcome};
+use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
+
+/// What a prepared rush consists of.
+pub struct Prepared {
+    /// Initial or resumed state.
+    pub doc: StateDoc,
+    /// The graph from the snapshot.
+    pub graph: TaskGraph,
+    /// The config snapshot.
+    pub config: Config,
+    /// File locations.
+    pub paths: RushPaths,
+    /// Feature context for prompts.
+    pub spec_context: String,
+}
+
+/// Resolves and checks the repository path of a request.
+pub fn resolve_repo(repo: &str) -> Result<PathBuf, Status> {
+    if repo.is_empty() {
+        return Err(Status::invalid_argument("repo: no repository path given"));
+    }
+    let p = Path::new(repo);
+    git::toplevel(p).map_err(|e| {
+        Status::invalid_argument(format!(
+            "{repo} is not inside a git repository: {}",
+            e.stderr
+        ))
+    })
+}
+
+/// Formats graph errors for a client: every error on its own line.
+pub fn graph_error_status(e: GraphError) -> Status {
+    match e {
+        GraphError::Invalid { path, errors, .. } => {
+            let lines: Vec<String> = errors.iter().map(|d| format!("  - {d}")).collect();
+            Status::invalid_argument(format!(
+                "{}: task graph is invalid ({} errors):\n{}",
+                path.display(),
+                errors.len(),
+                lines.join("\n")
+            ))
+        }
+        other => Status::invalid_argument(other.to_string()),
+    }
+}
+
+fn internal(ctx: &str) -> impl FnOnce(git::GitError) -> Status + '_ {
+    move |e| Status::internal(format!("{ctx}: {e}"))
+}
+
+/// Prepares a fresh rush: validates the graph and config, snapshots the spec directory and
+/// config, resets zerg's branches for the feature and creates the worktrees.
+pub fn prepare_fresh(
+    repo: &Path,
+    feature: &str,
+    workers: u32,
+    mode: &str,
+    rush_id: &str,
+    wall: SystemTime,
+) -> Result<(Prepared, Vec<String>), Status> {
+    graph::validate_feature_name(feature)
+        .map_err(|e| Status::invalid_argument(format!("feature: {e}")))?;
+    let spec_src = repo.join(".gsd").join("specs").join(feature);
+    let graph_path = spec_src.join("task-graph.json");
+    if !graph_path.exists() {
+        return Err(Status::not_found(format!(
+            "{} does not exist: create the task graph for feature '{feature}' first",
+            graph_path.display()
+        )));
+    }
+    let validated = graph::load(&graph_path).map_err(graph_error_status)?;
+    if validated.graph.feature != feature {
+        return Err(Status::invalid_argument(format!(
+            "{}: field `feature` is '{}' but the rush is for '{feature}'",
+            graph_path.display(),
+            validated.graph.feature
+        )));
+    }
+    let (config, config_warnings) =
+        Config::load(repo).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let mut warnings: Vec<String> = config_warnings;
+    warnings.extend(
+        validated
+            .warnings
+            .iter()
+            .map(|w| format!("task graph: {w}")),
+    );
+
+    let (base_branch, base_commit) = git::head(repo).map_err(|e| {
+        Status::failed_precondition(format!(
+            "cannot read HEAD of {} (does it have a commit?): {}",
+            repo.display(),
+            e.stderr
+        ))
+    })?;
+    let staging = staging_branch(feature);
+    if let Some(old) = git::rev(repo, &format!("refs/heads/{staging}")) {
+        if !git::is_ancestor(repo, &old, &base_commit) {
+            return Err(Status::failed_precondition(format!(
+                "branch {staging} holds commits from an earlier rush that are not on {base_branch}; merge it, or delete it with `git branch -D {staging}`, then rush again"
+            )));
+        }
+    }
+    let paths = RushPaths::new(repo.to_path_buf(), feature);
+    // Leftovers of an earlier rush of this feature: its result is on the base already (checked
+    // above), so its worktrees and worker branches can go.
+    for w in 0..64u32 {
+        let wt = paths.worker_worktree(w);
+        let b = worker_branch(feature, w);
+        if wt.exists() || git::rev(repo, &format!("refs/heads/{b}")).is_some() {
+            git::remove_worktree(repo, &wt, Some(&b))
+                .map_err(internal("removing an old worktree"))?;
+        }
+    }
+    git::remove_worktree(repo, &paths.staging_worktree(), Some(&staging))
+        .map_err(internal("removing the old staging worktree"))?;
+
+    // Snapshot the spec directory and config: the rush runs with what was there at its start.
+    let rush_dir = repo.join(".zerg").join("rush").join(feature);
+    let _ = std::fs::remove_dir_all(&rush_dir);
+    copy_dir(&spec_src, &paths.spec_dir)
+        .map_err(|e| Status::internal(format!("snapshot of {}: {e}", spec_src.display())))?;
+    let cfg_src = repo.join(".zerg").join("config.yaml");
+    if cfg_src.exists() {
+        std::fs::copy(&cfg_src, rush_dir.join("config.yaml"))
+            .map_err(|e| Status::internal(format!("snapshot of {}: {e}", cfg_src.display())))?;
+    }
+    exclude_zerg_dirs(repo);
+
+    git::ensure_worktree(repo, &paths.staging_worktree(), &staging, &base_commit)
+        .map_err(internal("creating the staging worktree"))?;
+    for w in 0..workers {
+        git::ensure_worktree(
+            repo,
+            &paths.worker_worktree(w),
+            &worker_branch(feature, w),
+            &base_commit,
+        )
+        .map_err(internal("creating a worker worktree"))?;
+    }
+
+    let graph = validated.graph;
+    let now = iso_millis(wall);
+    let mut doc = StateDoc {
+        format_version: FORMAT_VERSION,
+        feature: feature.to_string(),
+        started_at: now.clone(),
+        rush: RushMeta {
+            rush_id: rush_id.to_string(),
+            repo: repo.to_string_lossy().to_string(),
+            mode: mode.to_string(),
+            workers,
+            state: "pending".into(),
+            base_branch,
+            base_commit: base_commit.clone(),
+            staging_head: base_commit.clone(),
+            spec_dir: paths.spec_dir.to_string_lossy().to_string(),
+            warnings: warnings.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for t in &graph.tasks {
+        doc.tasks.insert(
+            t.id.clone(),
+            TaskState {
+                status: "pending".into(),
+                level: Some(t.level),
+                title: t.title.clone(),
+                updated_at: now.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    for l in graph.levels().keys() {
+        doc.levels.insert(
+            l.to_string(),
+            LevelState {
+                status: "pending".into(),
+                merge_status: "pending".into(),
+                ..Default::default()
+            },
+        );
+    }
+    for w in 0..workers {
+        doc.workers.insert(
+            w.to_string(),
+            WorkerState {
+                worker_id: w,
+                status: "starting".into(),
+                worktree_path: paths.worker_worktree(w).to_string_lossy().to_string(),
+                branch: worker_branch(feature, w),
+                accepted_head: base_commit.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    let spec_context = spec_context(&paths.spec_dir, feature);
+    Ok((
+        Prepared {
+            doc,
+            graph,
+            config,
+            paths,
+            spec_context,
+        },
+        warnings,
+    ))
+}
+
+/// Reloads a rush's graph and config from its snapshot (resume, or zergd restart).
+pub fn load_snapshot(
+    repo: &Path,
+    feature: &str,
+) -> Result<(TaskGraph, Config, RushPaths, String), String> {
+    let paths = RushPaths::new(repo.to_path_buf(), feature);
+    let g = graph::load(&paths.spec_dir.join("task-graph.json")).map_err(|e| e.to_string())?;
+    let cfg_path = repo
+        .join(".zerg")
+        .join("rush")
+        .join(feature)
+        .join("config.yaml");
+    let config = match std::fs::read_to_string(&cfg_path) {
+        Ok(text) => {
+            Config::parse(&text, &cfg_path.display().to_string())
+                .map_err(|e| e.to_string())?
+                .0
+        }
+        Err(_) => Config::default(),
+    };
+    let ctx = spec_context(&paths.spec_dir, feature);
+    Ok((g.graph, config, paths, ctx))
+}
+
+/// Makes sure every worktree of a resumed rush exists.
+pub fn ensure_worktrees(
+    paths: &RushPaths,
+    feature: &str,
+    workers: u32,
+    staging_head: &str,
+) -> Result<(), Status> {
+    let repo = &paths.repo;
+    git::ensure_worktree(
+        repo,
+        &paths.staging_worktree(),
+        &staging_branch(feature),
+        staging_head,
+    )
+    .map_err(internal("creating the staging worktree"))?;
+    for w in 0..workers {
+        git::ensure_worktree(
+            repo,
+            &paths.worker_worktree(w),
+            &worker_branch(feature, w),
+            staging_head,
+        )
+        .map_err(internal("creating a worker worktree"))?;
+    }
+    Ok(())
+}
+
+/// Feature context for prompts: requirements.md and design.md, truncated (about 2000 tokens
+/// each, as the original).
+fn spec_context(spec_dir: &Path, feature: &str) -> String {
+    const LIMIT: usize = 8000;
+    let mut out = format!("# Feature Context: {feature}\n");
+    for name in ["requirements.md", "design.md"] {
+        if let Ok(mut text) = std::fs::read_to_string(spec_dir.join(name)) {
+            if text.len() > LIMIT {
+                let mut cut = LIMIT;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push_str("\n[truncated]");
+            }
+            out.push_str(&format!("\n## {name}\n{text}\n"));
+        }
+    }
+    out
+}
+
+fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let ty = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if ty.is_dir() {
+            copy_dir(&entry.path(), &to)?;
+        } else if ty.is_file() {
+            std::fs::copy(entry.path(), &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `.zerg/` and `.zerg-worktrees/` out of `git status` in the user's checkout, through the
+/// repository-local (never committed) `.git/info/exclude`.
+fn exclude_zerg_dirs(repo: &Path) {
+    let Ok(common) = git::git(repo, &["rev-parse", "--git-common-dir"]) else {
+        return;
+    };
+    let common = if Path::new(&common).is_absolute() {
+        PathBuf::from(common)
+    } else {
+        repo.join(common)
+    };
+    let path = common.join("info").join("exclude");
+    let existing = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut add = String::new();
+    for line in ["/.zerg/", "/.zerg-worktrees/"] {
+        if !existing.lines().any(|l| l.trim() == line) {
+            add.push_str(line);
+            add.push('\n');
+        }
+    }
+    if !add.is_empty() {
+        let _ = std::fs::create_dir_all(path.parent().unwrap_or(&common));
+        let sep = if existing.is_empty() || existing.ends_with('\n') {
+            ""
+        } else {
+            "\n"
+        };
+        let _ = std::fs::write(&path, format!("{existing}{sep}{add}"));
+    }
+}
+
+/// Merges every worker's accepted commits into staging, runs the quality gates, and moves every
+/// worker branch onto the new staging head.
+pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
+    let staging = &job.staging;
+    for (w, _, head) in &job.heads {
+        let msg = format!(
+            "ZERG: merge {} (level {})",
+            worker_branch(feature, *w),
+            job.level
+        );
+        match git::merge_into(staging, head, &msg) {
+            Ok(MergeOutcome::Merged(_)) => {}
+            Ok(MergeOutcome::Conflict(files)) => {
+                return MergeResult::Conflict { worker: *w, files };
+            }
+            Err(e) => return MergeResult::Error(e.to_string()),
+        }
+    }
+    let head = match git::git(staging, &["rev-parse", "HEAD"]) {
+        Ok(h) => h,
+        Err(e) => return MergeResult::Error(e.to_string()),
+    };
+    for g in gates {
+        let (ok, output) = run_shell(&g.command, staging, secs(g.timeout));
+        if !ok && g.required {
+            return MergeResult::GateFailed {
+                gate: g.name.clone(),
+                output: tail(&output, 400),
+            };
+        }
+        if !ok {
+            tracing::warn!(gate = %g.name, "optional quality gate failed");
+        }
+    }
+    for (_, wt, _) in &job.heads {
+        if wt.exists() {
+            if let Err(e) = git::reset_hard(wt, &head) {
+                return MergeResult::Error(e.to_string());
+            }
+        }
+    }
+    MergeResult::Merged(head)
+}
+
+/// Runs `sh -c cmd` in `dir` with a timeout; returns success and combined output.
+pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration) -> (bool, String) {
+    let mut child = match Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return (false, format!("cannot run sh: {e}")),
+    };
+    let start = StdInstant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() > timeout => {
+                let pid = child.id() as i32;
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = child.wait();
+                return (
+                    false,
+                    format!("timed out after {:.0}s", timeout.as_secs_f64()),
+                );
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return (false, e.to_string()),
+        }
+    }
+    match child.wait_with_output() {
+        Ok(out) => {
+            let mut s = String::from_utf8_lossy(&out.stdout).to_string();
+            s.push_str(&String::from_utf8_lossy(&out.stderr));
+            (out.status.success(), s)
+        }
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let t = s.trim();
+    if t.len() <= n {
+        return t.to_string();
+    }
+    let mut start = t.len() - n;
+    while !t.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &t[start..])
+}
+
+/// Removes the worktrees and worker branches of a completed rush, once its workers are gone.
+/// The staging branch (the result) stays.
+pub fn cleanup_worktrees(paths: &RushPaths, feature: &str, workers: &BTreeMap<u32, PathBuf>) {
+    for (w, wt) in workers {
+        if let Err(e) = git::remove_worktree(&paths.repo, wt, Some(&worker_branch(feature, *w))) {
+            tracing::warn!(error = %e, "could not remove worker worktree");
+        }
+    }
+    if let Err(e) = git::remove_worktree(&paths.repo, &paths.staging_worktree(), None) {
+        tracing::warn!(error = %e, "could not remove staging worktree");
+    }
+    let _ = std::fs::remove_dir(&paths.worktrees);
+}

@@ -1,0 +1,160 @@
+//! Builds the `RushStatus` message (and so `zergctl status --json`) from a rush.
+
+use zerg_proto::v1;
+
+use super::rush::{Rush, staging_branch};
+
+impl Rush {
+    /// The full status of the rush.
+    pub fn status(&self) -> v1::RushStatus {
+        let d = &self.doc;
+        let tasks = d
+            .tasks
+            .iter()
+            .map(|(id, t)| {
+                (
+                    id.clone(),
+                    v1::TaskStatus {
+                        status: t.status.clone(),
+                        level: t.level.unwrap_or(0),
+                        worker_id: t.worker_id,
+                        attempts: t.retry_count
+                            + u32::from(t.status == "in_progress" || t.status == "complete"),
+                        error: t.error.clone().unwrap_or_default(),
+                        title: t.title.clone(),
+                        commit: t.commit.clone().unwrap_or_default(),
+                        out_of_scope: t.out_of_scope.clone(),
+                        blocked_by: t.blocked_by.clone(),
+                        crashes: t.crashes,
+                        next_retry_at: t.next_retry_at.clone().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        let workers = d
+            .workers
+            .iter()
+            .map(|(id, w)| {
+                (
+                    id.clone(),
+                    v1::WorkerStatus {
+                        status: w.status.clone(),
+                        current_task: w.current_task.clone().unwrap_or_default(),
+                        last_heartbeat: w.health_check_at.clone().unwrap_or_default(),
+                        step: w.step.clone().unwrap_or_default(),
+                        progress_pct: w.progress_pct,
+                        pid: w.pid,
+                        container_id: w.container_id.clone().unwrap_or_default(),
+                        respawns: w.respawns,
+                        spawn_failures: w.spawn_failures,
+                        last_exit: w.last_exit.clone().unwrap_or_default(),
+                        reason: w.reason.clone().unwrap_or_default(),
+                        tasks_completed: w.tasks_completed,
+                        branch: w.branch.clone(),
+                    },
+                )
+            })
+            .collect();
+        let graph_levels = self.graph.levels();
+        let levels = graph_levels
+            .iter()
+            .map(|(l, ts)| {
+                let ls = d.levels.get(&l.to_string()).cloned().unwrap_or_default();
+                (
+                    l.to_string(),
+                    v1::LevelStatus {
+                        status: if ls.status.is_empty() {
+                            "pending".into()
+                        } else {
+                            ls.status
+                        },
+                        merge_status: if ls.merge_status.is_empty() {
+                            "pending".into()
+                        } else {
+                            ls.merge_status
+                        },
+                        merge_commit: ls.merge_commit.unwrap_or_default(),
+                        conflicts: ls.conflicts,
+                        tasks: ts.len() as u32,
+                        complete: ts
+                            .iter()
+                            .filter(|t| d.tasks.get(&t.id).is_some_and(|x| x.status == "complete"))
+                            .count() as u32,
+                    },
+                )
+            })
+            .collect();
+        let r = &d.rush.resilience;
+        let rate_limited_until = if d.rush.rate_limited_until_ms > 0 {
+            crate::clock::iso_millis(crate::clock::from_unix_millis(d.rush.rate_limited_until_ms))
+        } else {
+            String::new()
+        };
+        let mut warnings = d.rush.warnings.clone();
+        for (id, t) in &d.tasks {
+            if !t.out_of_scope.is_empty() {
+                warnings.push(format!(
+                    "task {id} changed files outside its ownership: {}",
+                    t.out_of_scope.join(", ")
+                ));
+            }
+        }
+        let report = if self.is_terminal() && d.rush.state != "complete" {
+            d.tasks
+                .iter()
+                .filter(|(_, t)| t.status != "complete")
+                .map(|(id, t)| {
+                    format!("{id}: {} {}", t.status, t.error.clone().unwrap_or_default())
+                })
+                .collect()
+        } else {
+            vec![]
+        };
+        v1::RushStatus {
+            rush_id: d.rush.rush_id.clone(),
+            repo: d.rush.repo.clone(),
+            feature: d.feature.clone(),
+            state: d.rush.state.clone(),
+            current_level: d.current_level,
+            total_levels: self.graph.max_level(),
+            mode: d.rush.mode.clone(),
+            tasks,
+            workers,
+            levels,
+            reason: d.rush.reason.clone(),
+            escalations: self.escalations.clone(),
+            warnings,
+            resilience: Some(v1::Resilience {
+                spawn_retries: r.spawn_retries,
+                stale_detections: r.stale_detections,
+                task_reassignments: r.task_reassignments,
+                worker_respawns: r.worker_respawns,
+                reconcile_fixes: r.reconcile_fixes,
+            }),
+            rate_limited_until,
+            started_at: d.started_at.clone(),
+            finished_at: d.rush.finished_at.clone(),
+            staging_branch: staging_branch(&d.feature),
+            base_branch: d.rush.base_branch.clone(),
+            report,
+        }
+    }
+
+    /// A one-line summary for `List`.
+    pub fn summary(&self) -> v1::RushSummary {
+        v1::RushSummary {
+            rush_id: self.doc.rush.rush_id.clone(),
+            repo: self.doc.rush.repo.clone(),
+            feature: self.doc.feature.clone(),
+            state: self.doc.rush.state.clone(),
+            tasks_total: self.doc.tasks.len() as u32,
+            tasks_complete: self
+                .doc
+                .tasks
+                .values()
+                .filter(|t| t.status == "complete")
+                .count() as u32,
+            started_at: self.doc.started_at.clone(),
+        }
+    }
+}
