@@ -1,1 +1,435 @@
-//! Support code for zerg's end-to-end tests.
+//! Support code for zerg's end-to-end tests: scratch git repositories, a real zergd on a
+//! private Unix socket, zergctl invocations, and the standard task graphs.
+//!
+//! The binaries under test are the workspace's own (`zergd`, `zergctl`, `zerg-worker-agent`,
+//! `fake-claude`), taken from the cargo target directory: build them with
+//! `cargo build --workspace --bins` before running the tests (the README's test command does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The target directory holding the workspace binaries.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/e2e-<hash> -> target/debug
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    for b in ["zergd", "zergctl", "zerg-worker-agent", "fake-claude"] {
+        assert!(
+            dir.join(b).exists(),
+            "{} is missing: run `cargo build --workspace --bins` before the end-to-end tests",
+            dir.join(b).display()
+        );
+    }
+    dir
+}
+
+/// Path of one workspace binary.
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// Runs git and returns stdout; panics with stderr on failure.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=zerg test",
+            "-c",
+            "user.email=test@zerg.invalid",
+        ])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A scratch git repository with one commit on `main`.
+pub struct TestRepo {
+    _dir: tempfile::TempDir,
+    /// Repository root.
+    pub path: PathBuf,
+}
+
+impl TestRepo {
+    /// Creates the repository.
+    pub fn new() -> TestRepo {
+        let dir = tempfile::Builder::new()
+            .prefix("zerg-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().join("repo");
+        std::fs::create_dir_all(&path).expect("mkdir");
+        git(&path, &["init", "-q", "-b", "main"]);
+        std::fs::write(path.join("README.md"), "# test repo\n").expect("write");
+        git(&path, &["add", "-A"]);
+        git(&path, &["commit", "-q", "-m", "initial"]);
+        TestRepo { _dir: dir, path }
+    }
+
+    /// Writes `.gsd/specs/<feature>/task-graph.json` (and commits nothing: the rush snapshots it).
+    pub fn write_graph(&self, feature: &str, graph: &str) {
+        let d = self.path.join(".gsd/specs").join(feature);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        std::fs::write(d.join("task-graph.json"), graph).expect("write graph");
+    }
+
+    /// Writes the fake agent's script into the spec directory (`fake-claude.json`).
+    pub fn write_script(&self, feature: &str, script: &Value) {
+        let d = self.path.join(".gsd/specs").join(feature);
+        std::fs::create_dir_all(&d).expect("mkdir");
+        std::fs::write(
+            d.join("fake-claude.json"),
+            serde_json::to_vec_pretty(script).expect("json"),
+        )
+        .expect("write script");
+    }
+
+    /// Writes `.zerg/config.yaml`: the fake agent, fast timeouts, plus `extra` YAML lines.
+    pub fn write_config(&self, extra: &str) {
+        std::fs::create_dir_all(self.path.join(".zerg")).expect("mkdir");
+        let fake = bin("fake-claude");
+        let text = format!(
+            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\"]\n  timeout_seconds: 120\n{}\n",
+            fake.display(),
+            extra
+        );
+        std::fs::write(self.path.join(".zerg/config.yaml"), text).expect("write config");
+    }
+
+    /// `git status --porcelain --untracked-files=all` of the user's checkout, as a set of lines.
+    pub fn status_porcelain(&self) -> std::collections::BTreeSet<String> {
+        git(
+            &self.path,
+            &["status", "--porcelain", "--untracked-files=all"],
+        )
+        .lines()
+        .map(str::to_string)
+        .collect()
+    }
+
+    /// Task-ID trailers of the commits on `branch` that are not on `main`.
+    pub fn task_ids_on(&self, branch: &str) -> Vec<String> {
+        let out = git(
+            &self.path,
+            &[
+                "log",
+                "--format=%(trailers:key=Task-ID,valueonly)",
+                &format!("main..{branch}"),
+            ],
+        );
+        let mut ids: Vec<String> = out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Files on `branch` (`git ls-tree`).
+    pub fn files_on(&self, branch: &str) -> Vec<String> {
+        git(&self.path, &["ls-tree", "-r", "--name-only", branch])
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Default for TestRepo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Fast resilience settings for tests (values in seconds).
+pub const FAST_WORKERS: &str = "workers:
+  heartbeat_interval_seconds: 0.2
+  heartbeat_stale_threshold: 2
+  task_stale_timeout_seconds: 3
+  backoff_base_seconds: 0.1
+  backoff_max_seconds: 0.5
+  spawn_backoff_base_seconds: 0.1
+  spawn_backoff_max_seconds: 0.5
+  stop_grace_seconds: 0.5
+  spawn_ready_timeout_seconds: 20
+  reconcile_interval_seconds: 1
+";
+
+/// A zergd started for one test, on a private socket and state directory.
+pub struct Daemon {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    /// Control socket.
+    pub socket: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Daemon {
+    /// Starts zergd and waits until it answers.
+    pub fn start() -> Daemon {
+        Self::start_with_env(vec![])
+    }
+
+    /// Starts zergd with extra environment variables.
+    pub fn start_with_env(env: Vec<(String, String)>) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("zergd-")
+            .tempdir()
+            .expect("tempdir");
+        let socket = dir.path().join("run").join("zergd.sock");
+        let mut d = Daemon {
+            child: None,
+            dir,
+            socket,
+            env,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("zergd.log"))
+            .expect("log");
+        let child = Command::new(bin("zergd"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("ZERG_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("zergd starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.ctl(&["list"]).status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "zergd did not answer on {}; log:\n{}",
+            self.socket.display(),
+            self.log()
+        );
+    }
+
+    /// zergd's own log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("zergd.log")).unwrap_or_default()
+    }
+
+    /// The zergd process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// `kill -9` zergd (workers keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts zergd again on the same socket and state directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs zergctl against this daemon.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("zergctl"))
+            .args(args)
+            .env("ZERG_SOCKET", &self.socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("zergctl runs")
+    }
+
+    /// Runs zergctl in a repository.
+    pub fn ctl_in(&self, repo: &Path, args: &[&str]) -> Output {
+        Command::new(bin("zergctl"))
+            .args(args)
+            .current_dir(repo)
+            .env("ZERG_SOCKET", &self.socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("zergctl runs")
+    }
+
+    /// `zergctl status FEATURE --json`, or `None` if the command failed.
+    pub fn status(&self, repo: &Path, feature: &str) -> Option<Value> {
+        let out = self.ctl_in(repo, &["status", feature, "--json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Polls status until `pred` holds; panics with the last status and the daemon log after
+    /// `timeout`. This is a readiness wait, not a timing assertion: the timeout only bounds a
+    /// hung test.
+    pub fn wait_for(
+        &self,
+        repo: &Path,
+        feature: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Some(st) = self.status(repo, feature) {
+                if pred(&st) {
+                    return st;
+                }
+                last = Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out waiting for {what}; last status:\n{}\nzergd log:\n{}",
+            serde_json::to_string_pretty(&last).unwrap_or_default(),
+            self.log()
+        );
+    }
+
+    /// Waits until the rush reaches a terminal state and returns the status.
+    pub fn wait_end(&self, repo: &Path, feature: &str, timeout: Duration) -> Value {
+        self.wait_for(repo, feature, timeout, "the rush to end", |s| {
+            matches!(s["state"].as_str(), Some("complete" | "failed" | "stopped"))
+        })
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Leave nothing running: stop every rush, then the daemon.
+        if let Ok(list) = serde_json::from_slice::<Value>(&self.ctl(&["list", "--json"]).stdout) {
+            for r in list.as_array().into_iter().flatten() {
+                if let (Some(repo), Some(f)) = (r["repo"].as_str(), r["feature"].as_str()) {
+                    let _ = self.ctl(&["stop", f, "--force", "--repo", repo]);
+                }
+            }
+        }
+        self.kill9();
+    }
+}
+
+/// Process ids of a rush's workers from a status document.
+pub fn worker_pids(status: &Value) -> Vec<i32> {
+    status["workers"]
+        .as_object()
+        .map(|m| {
+            m.values()
+                .filter_map(|w| w["pid"].as_i64())
+                .map(|p| p as i32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Ids of tasks by status.
+pub fn tasks_with(status: &Value, want: &str) -> Vec<String> {
+    let mut v: Vec<String> = status["tasks"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, t)| t["status"] == want)
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The standard 12-task, 3-level graph. Level 2 tasks verify files made by *all* level-1
+/// tasks and level 3 tasks verify files made by all level-2 tasks, so with several workers
+/// every later level depends on other workers' output having been merged in between.
+pub fn graph_12(feature: &str) -> String {
+    let mut tasks = Vec::new();
+    for i in 1..=5 {
+        tasks.push(serde_json::json!({
+            "id": format!("G-L1-{i:03}"), "title": format!("Level one part {i}"), "level": 1,
+            "description": format!("Create l1/a{i}.txt"), "dependencies": [],
+            "files": {"create": [format!("l1/a{i}.txt")], "modify": [], "read": []},
+            "verification": {"command": format!("test -f l1/a{i}.txt"), "timeout_seconds": 30},
+            "phase": "foundation", "estimate_minutes": 5
+        }));
+    }
+    let all_l1 = (1..=5)
+        .map(|i| format!("test -f l1/a{i}.txt"))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    for i in 1..=4 {
+        tasks.push(serde_json::json!({
+            "id": format!("G-L2-{i:03}"), "title": format!("Level two part {i}"), "level": 2,
+            "dependencies": (1..=5).map(|j| format!("G-L1-{j:03}")).collect::<Vec<_>>(),
+            "files": {"create": [format!("l2/b{i}.txt")], "modify": [], "read": ["l1/a1.txt"]},
+            "verification": {"command": format!("{all_l1} && test -f l2/b{i}.txt")}
+        }));
+    }
+    let all_l2 = (1..=4)
+        .map(|i| format!("test -f l2/b{i}.txt"))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    for i in 1..=3 {
+        tasks.push(serde_json::json!({
+            "id": format!("G-L3-{i:03}"), "title": format!("Level three part {i}"), "level": 3,
+            "dependencies": (1..=4).map(|j| format!("G-L2-{j:03}")).collect::<Vec<_>>(),
+            "files": {"create": [format!("l3/c{i}.txt")], "modify": [], "read": []},
+            "verification": {"command": format!("{all_l2} && {all_l1} && test -f l3/c{i}.txt")}
+        }));
+    }
+    serde_json::to_string_pretty(
+        &serde_json::json!({"feature": feature, "version": "2.0", "tasks": tasks}),
+    )
+    .expect("json")
+}
+
+/// Task ids of [`graph_12`], sorted.
+pub fn graph_12_ids() -> Vec<String> {
+    let mut v: Vec<String> = (1..=5)
+        .map(|i| format!("G-L1-{i:03}"))
+        .chain((1..=4).map(|i| format!("G-L2-{i:03}")))
+        .chain((1..=3).map(|i| format!("G-L3-{i:03}")))
+        .collect();
+    v.sort();
+    v
+}

@@ -97,13 +97,13 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         Ok(Ok(st)) => (st.code(), false),
         Ok(Err(e)) => return Err(e),
         Err(_) => {
-            if spec.own_group {
-                if let Some(pid) = child.id() {
-                    let _ = nix::sys::signal::killpg(
-                        nix::unistd::Pid::from_raw(pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
+            if spec.own_group
+                && let Some(pid) = child.id()
+            {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             let _ = child.kill().await;
             (None, true)

@@ -416,16 +416,16 @@ impl Session {
         tokio::fs::create_dir_all(&td)
             .await
             .map_err(|e| format!("cannot create {}: {e}", td.display()))?;
-        if !task.resume_from.is_empty() {
-            if let Err(e) = run::git(wt, &["cherry-pick", "--no-commit", &task.resume_from]).await {
-                eprintln!(
-                    "zerg-worker-agent: cannot resume from checkpoint {}: {e}; starting fresh",
-                    task.resume_from
-                );
-                let _ = run::git(wt, &["cherry-pick", "--abort"]).await;
-                if !task.base_commit.is_empty() {
-                    run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
-                }
+        if !task.resume_from.is_empty()
+            && let Err(e) = run::git(wt, &["cherry-pick", "--no-commit", &task.resume_from]).await
+        {
+            eprintln!(
+                "zerg-worker-agent: cannot resume from checkpoint {}: {e}; starting fresh",
+                task.resume_from
+            );
+            let _ = run::git(wt, &["cherry-pick", "--abort"]).await;
+            if !task.base_commit.is_empty() {
+                run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
             }
         }
         Ok(())
@@ -916,11 +916,10 @@ async fn heartbeat_loop(
         loop {
             tokio::select! {
                 res = &mut call => {
-                    if let Err(s) = res {
-                        if s.code() == Code::FailedPrecondition || s.code() == Code::NotFound {
+                    if let Err(s) = res
+                        && (s.code() == Code::FailedPrecondition || s.code() == Code::NotFound) {
                             let _ = abort.send(s.message().to_string());
                         }
-                    }
                     break;
                 }
                 m = rx.recv() => match m {

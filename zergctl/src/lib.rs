@@ -10,7 +10,6 @@ mod render;
 mod service;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tonic::transport::Channel;
@@ -497,8 +496,9 @@ async fn follow(
                 return Err(from_status(s));
             }
         };
+        view.message(&ev.message);
         let Some(st) = ev.status else { continue };
-        view.update(&st, &ev.message);
+        view.update(&st);
         match st.state.as_str() {
             "complete" | "failed" | "stopped" => {
                 view.finish();
@@ -517,7 +517,5 @@ async fn follow(
             }
             _ => {}
         }
-        // Avoid redrawing faster than a person can read.
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

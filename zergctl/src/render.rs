@@ -15,7 +15,7 @@ fn done_count(st: &v1::RushStatus) -> usize {
 }
 
 fn bar(done: usize, total: usize, width: usize) -> String {
-    let filled = if total == 0 { 0 } else { done * width / total };
+    let filled = (done * width).checked_div(total).unwrap_or(0);
     format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
 }
 
@@ -35,7 +35,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
     o.push_str(&format!(
         "Progress: {} {}% ({done}/{total} tasks)\n",
         bar(done, total, 20),
-        if total == 0 { 0 } else { done * 100 / total }
+        (done * 100).checked_div(total).unwrap_or(0)
     ));
     if !st.reason.is_empty() {
         o.push_str(&format!("Reason: {}\n", st.reason));
@@ -191,31 +191,31 @@ impl Progress {
         Progress { bar }
     }
 
-    /// Shows a new status.
-    pub fn update(&mut self, st: &v1::RushStatus, message: &str) {
-        let done = done_count(st) as u64;
-        let running = st
-            .workers
-            .values()
-            .filter(|w| w.status == "running")
-            .count();
+    /// Prints one event line.
+    pub fn message(&mut self, message: &str) {
+        if message.is_empty() {
+            return;
+        }
         match &self.bar {
-            Some(b) => {
-                b.set_length(st.tasks.len() as u64);
-                b.set_position(done);
-                b.set_message(format!(
-                    "level {}/{} · {running} running · {}",
-                    st.current_level, st.total_levels, st.state
-                ));
-                if !message.is_empty() {
-                    b.println(message);
-                }
-            }
-            None => {
-                if !message.is_empty() {
-                    eprintln!("[{done}/{}] {message}", st.tasks.len());
-                }
-            }
+            Some(b) => b.println(message),
+            None => eprintln!("{message}"),
+        }
+    }
+
+    /// Shows a new status.
+    pub fn update(&mut self, st: &v1::RushStatus) {
+        if let Some(b) = &self.bar {
+            let running = st
+                .workers
+                .values()
+                .filter(|w| w.status == "running")
+                .count();
+            b.set_length(st.tasks.len() as u64);
+            b.set_position(done_count(st) as u64);
+            b.set_message(format!(
+                "level {}/{} · {running} running · {}",
+                st.current_level, st.total_levels, st.state
+            ));
         }
     }
 

@@ -342,7 +342,8 @@ impl Config {
         }
         let mut warnings = Vec::new();
         collect_unknown(&value, &mut warnings, path);
-        let config: Config = serde_yaml::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        // Deserialise from the text (not the Value) so errors carry the key path and line.
+        let config: Config = serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         config.check().map_err(invalid)?;
         Ok((config, warnings))
     }
@@ -511,10 +512,10 @@ fn collect_unknown(value: &serde_yaml::Value, warnings: &mut Vec<String>, path: 
             Some(known) => {
                 if let Some(inner) = v.as_mapping() {
                     for (ik, _) in inner {
-                        if let Some(ik) = ik.as_str() {
-                            if !known.contains(&ik) {
-                                warnings.push(format!("{path}: unknown key {key}.{ik} (ignored)"));
-                            }
+                        if let Some(ik) = ik.as_str()
+                            && !known.contains(&ik)
+                        {
+                            warnings.push(format!("{path}: unknown key {key}.{ik} (ignored)"));
                         }
                     }
                 }

@@ -83,12 +83,12 @@ pub fn default_agent_bin() -> PathBuf {
     if let Some(p) = std::env::var_os(ENV_WORKER_AGENT_BIN).filter(|v| !v.is_empty()) {
         return PathBuf::from(p);
     }
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            let sib = dir.join("zerg-worker-agent");
-            if sib.exists() {
-                return sib;
-            }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        let sib = dir.join("zerg-worker-agent");
+        if sib.exists() {
+            return sib;
         }
     }
     PathBuf::from("zerg-worker-agent")

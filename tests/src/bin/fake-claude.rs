@@ -1,7 +1,7 @@
 //! `fake-claude`: a scriptable stand-in for the `claude` CLI, used by zerg's end-to-end tests.
 //!
 //! It accepts the real CLI's flags, takes the prompt as the last argument (or from stdin), and
-//! behaves according to the JSON script named by `FAKE_CLAUDE_SCRIPT`: per task id (from
+//! behaves according to the JSON script named by `FAKE_CLAUDE_SCRIPT` (or `$ZERG_SPEC_DIR/fake-claude.json`): per task id (from
 //! `ZERG_TASK_ID`, else `Task ID: <id>` in the prompt) and per attempt it runs a list of ops
 //! such as writing the task's owned files, printing, sleeping, hanging, crashing, reporting a
 //! usage limit, or writing escalation/checkpoint handoff files into `ZERG_TASK_DIR`.
@@ -602,6 +602,10 @@ fn state_dir(script_path: Option<&Path>) -> PathBuf {
     if let Some(dir) = std::env::var_os("FAKE_CLAUDE_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
+    // Inside a zerg worker the state dir is writable (the spec dir may be a read-only mount).
+    if let Some(dir) = std::env::var_os("ZERG_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("fake-claude-state");
+    }
     if let Some(parent) = script_path.and_then(Path::parent) {
         let parent = if parent.as_os_str().is_empty() {
             Path::new(".")
@@ -707,9 +711,16 @@ fn main() -> ExitCode {
         .unwrap_or_else(|| "unknown".to_string());
     let cwd = std::env::current_dir().unwrap_or_else(|e| fail(format!("no cwd: {e}")));
 
+    // `FAKE_CLAUDE_SCRIPT`, else `fake-claude.json` in the rush's spec directory (which zergd
+    // mounts into containers too, so tests can drive container workers without extra env).
     let script_path = std::env::var_os("FAKE_CLAUDE_SCRIPT")
         .filter(|s| !s.is_empty())
-        .map(PathBuf::from);
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("ZERG_SPEC_DIR")
+                .map(|d| PathBuf::from(d).join("fake-claude.json"))
+                .filter(|p| p.is_file())
+        });
     let attempt = next_attempt(&state_dir(script_path.as_deref()), &task_id);
 
     if let Some(log) = std::env::var_os("FAKE_CLAUDE_LOG").filter(|s| !s.is_empty()) {

@@ -7,12 +7,14 @@
 //!
 //! - Mounts: the worktree at `/workspace` (rw), the spec snapshot read-only at
 //!   `/workspace/.gsd/specs/<feature>`, the state and log dirs at `/zerg/state` and
-//!   `/zerg/logs`, zergd's socket directory at `/zerg/run`, and the repository's git directory
-//!   read-only *at its own absolute host path* (the worktree's `.git` file names it), with
-//!   read-write windows for exactly what a commit writes: the worktree's admin dir, the
-//!   directory of its branch ref and reflog, and a private object directory
-//!   (`GIT_OBJECT_DIRECTORY`, with the shared objects as an alternate). No `.git` file of the
-//!   host is ever rewritten; objects are copied into the shared store by
+//!   `/zerg/logs`, zergd's socket directory at `/zerg/run`. Git: the worktree's `.git` file
+//!   names its admin dir by absolute host path, so the repository's git directory is mounted
+//!   *at its own path* — but it is the worker's private copy ([`worker_git_dir`]: config,
+//!   `HEAD`, the refs as `packed-refs`, its own object dir with the real objects, read-only at
+//!   `/zerg/shared-objects`, as an alternate), with three live windows into the real one: the
+//!   worktree's admin dir, and the directories of the worker branch's ref and reflog. So a
+//!   commit updates the real branch, everything else git writes stays private, no `.git` file
+//!   of the host is rewritten, and new objects reach the shared store through
 //!   [`import_worker_objects`].
 //! - Identity: never root. The agent runs as zergd's uid:gid, or, when zergd runs as root, as
 //!   [`UNPRIVILEGED_UID`]; then the paths above are made group-accessible for that gid
@@ -68,8 +70,10 @@ const STATE_MOUNT: &str = "/zerg/state";
 const LOG_MOUNT: &str = "/zerg/logs";
 const RUN_MOUNT: &str = "/zerg/run";
 const HOME_IN_IMAGE: &str = "/home/worker";
-/// Per-worker object directories live here, inside the common git directory.
-const OBJECTS_SUBDIR: &str = "zerg-objects";
+/// Where the repository's real object store is visible (read-only) inside.
+const SHARED_OBJECTS: &str = "/zerg/shared-objects";
+/// Per-worker git areas (`<common>/zerg/worker-<N>`) live here, inside the common git dir.
+const WORKER_GIT_SUBDIR: &str = "zerg";
 /// Engine request timeout (stop requests get the grace period on top).
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the exit path waits for the log mirror to drain.
@@ -648,14 +652,12 @@ impl GitLayout {
         })
     }
 
-    /// The directory holding the branch's loose ref.
-    fn ref_dir(&self, branch: &str) -> PathBuf {
-        parent_of(&self.common_dir.join("refs/heads").join(branch))
-    }
-
-    /// The directory holding the branch's reflog.
-    fn reflog_dir(&self, branch: &str) -> PathBuf {
-        parent_of(&self.common_dir.join("logs/refs/heads").join(branch))
+    /// The directories holding the branch's loose ref and its reflog.
+    fn branch_dirs(&self, branch: &str) -> [PathBuf; 2] {
+        [
+            parent_of(&self.common_dir.join("refs/heads").join(branch)),
+            parent_of(&self.common_dir.join("logs/refs/heads").join(branch)),
+        ]
     }
 }
 
@@ -680,11 +682,21 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-/// The private object directory of worker `worker_id` inside a common git directory.
-pub fn worker_object_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
+/// The private git directory of worker `worker_id` (`<common>/zerg/worker-<N>`), mounted in
+/// its container in place of the real common git dir: copies of `config`, `HEAD` and
+/// `info/exclude`, a snapshot of every ref as `packed-refs`, and `objects/` where the
+/// container's new objects land (the real store is its alternate). The worktree's admin dir
+/// and the worker branch's ref and reflog directories are bind-mounted in from the real one.
+/// Ref deletions, other branches, stashes and tags made inside the container stay private.
+pub fn worker_git_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
     common_dir
-        .join(OBJECTS_SUBDIR)
+        .join(WORKER_GIT_SUBDIR)
         .join(format!("worker-{worker_id}"))
+}
+
+/// The private object directory of worker `worker_id` (see [`worker_git_dir`]).
+pub fn worker_object_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
+    worker_git_dir(common_dir, worker_id).join("objects")
 }
 
 /// How zergd's socket is made visible inside the container.
@@ -735,6 +747,12 @@ impl HostFacts {
                     p.display()
                 )));
             }
+        }
+        let config = fs::read_to_string(git.common_dir.join("config")).unwrap_or_default();
+        if config.to_ascii_lowercase().contains("reftable") {
+            return Err(SpawnError::new(
+                "the repository stores its refs as reftable, which container mode does not support (the worker branch could not be shared): use --mode subprocess",
+            ));
         }
         let (uid, gid, remapped) = container_identity();
         let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -878,14 +896,6 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         ("ZERG_RUSH_ID".into(), spec.rush_id.clone()),
         ("ZERG_GENERATION".into(), spec.generation.to_string()),
         ("HOME".into(), HOME_IN_IMAGE.into()),
-        (
-            "GIT_OBJECT_DIRECTORY".into(),
-            host(&worker_object_dir(&facts.git.common_dir, spec.worker_id)),
-        ),
-        (
-            "GIT_ALTERNATE_OBJECT_DIRECTORIES".into(),
-            host(&facts.git.common_dir.join("objects")),
-        ),
     ];
     if facts.claude_dir.is_some() {
         env.push((
@@ -898,7 +908,7 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         ("safe.directory", "*".to_string()),
         ("user.name", facts.git_identity.0.clone()),
         ("user.email", facts.git_identity.1.clone()),
-        // gc would write to the read-only shared object store.
+        // gc would pack into the private object dir, for nothing.
         ("gc.auto", "0".to_string()),
         ("maintenance.auto", "false".to_string()),
     ];
@@ -931,14 +941,22 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
     let mut m = vec![
         bind(&spec.worktree, WORKSPACE, false),
         bind(&spec.spec_dir, &spec_dir_in_container(&spec.feature), true),
-        same_path(&g.common_dir, true),
+        // The worker's private git dir where the real one is, with live windows.
+        bind(
+            &worker_git_dir(&g.common_dir, spec.worker_id),
+            &g.common_dir.to_string_lossy(),
+            false,
+        ),
         same_path(&g.admin_dir, false),
-        same_path(&g.ref_dir(&spec.branch), false),
-        same_path(&g.reflog_dir(&spec.branch), false),
-        same_path(&worker_object_dir(&g.common_dir, spec.worker_id), false),
+        bind(&g.common_dir.join("objects"), SHARED_OBJECTS, true),
+    ];
+    for d in g.branch_dirs(&spec.branch) {
+        m.push(same_path(&d, false));
+    }
+    m.extend([
         bind(&spec.state_dir, STATE_MOUNT, false),
         bind(&spec.log_dir, LOG_MOUNT, false),
-    ];
+    ]);
     match facts.socket_mount {
         SocketMount::Dir => m.push(bind(&parent_of(&spec.socket), RUN_MOUNT, true)),
         SocketMount::File => m.push(bind(&spec.socket, &socket_in_container(spec), false)),
@@ -1025,32 +1043,41 @@ fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> 
         let what = what.to_string();
         move |e: io::Error| SpawnError::new(format!("{what} {p}: {e}"))
     };
-    let objects = worker_object_dir(&g.common_dir, spec.worker_id);
-    // Mount points inside the worktree are created here, not by the engine (which would make
-    // them root-owned), and the git dirs a commit writes to must exist to be mounted.
-    let spec_mountpoint = spec.worktree.join(".gsd/specs").join(&spec.feature);
-    for d in [
-        &spec_mountpoint,
-        &g.ref_dir(&spec.branch),
-        &g.reflog_dir(&spec.branch),
-        &objects.join("pack"),
-        &objects.join("info"),
-        &spec.state_dir,
-        &spec.log_dir,
-    ] {
-        fs::create_dir_all(d).map_err(ctx("cannot create", d))?;
-    }
     if !spec.spec_dir.is_dir() {
         return Err(SpawnError::new(format!(
             "spec snapshot {} does not exist",
             spec.spec_dir.display()
         )));
     }
+    let area = worker_git_dir(&g.common_dir, spec.worker_id);
+    // Mount points inside the worktree are created here, not by the engine (which would make
+    // them root-owned); the windows into the real git dir need their directories on both
+    // sides.
+    let mut dirs = vec![
+        spec.worktree.join(".gsd/specs").join(&spec.feature),
+        area.join("objects/pack"),
+        area.join("objects/info"),
+        area.join("refs/tags"),
+        area.join("info"),
+        spec.state_dir.clone(),
+        spec.log_dir.clone(),
+    ];
+    for d in g.branch_dirs(&spec.branch).iter().chain([&g.admin_dir]) {
+        dirs.push(d.clone());
+        if let Ok(rel) = d.strip_prefix(&g.common_dir) {
+            dirs.push(area.join(rel));
+        }
+    }
+    for d in &dirs {
+        fs::create_dir_all(d).map_err(ctx("cannot create", d))?;
+    }
+    write_private_git_dir(&g.common_dir, &area, &spec.feature)
+        .map_err(ctx("cannot prepare the worker's git dir", &area))?;
     if facts.remapped {
         let gid = facts.gid;
         grant_container_access_with(&spec.worktree, &spec.branch, gid)
             .map_err(ctx("cannot grant access to", &spec.worktree))?;
-        grant_tree(&objects, gid, true, None).map_err(ctx("cannot grant access to", &objects))?;
+        grant_tree(&area, gid, true, None).map_err(ctx("cannot grant access to", &area))?;
         for d in [&spec.state_dir, &spec.log_dir] {
             grant_tree(d, gid, true, None).map_err(ctx("cannot grant access to", d))?;
         }
@@ -1088,12 +1115,50 @@ pub fn grant_container_access(worktree: &Path, branch: &str) -> io::Result<()> {
     grant_container_access_with(worktree, branch, gid)
 }
 
+/// Refreshes the worker's private git dir (see [`worker_git_dir`]): `config`, `HEAD` and
+/// `info/exclude` copied from the real one (plus an exclude for the mounted spec, so `git add
+/// -A` never commits it), every ref as it is now in `packed-refs` (the worker branch's live
+/// loose ref, mounted in, takes precedence), and the real object store as the alternate.
+fn write_private_git_dir(common: &Path, shadow: &Path, feature: &str) -> io::Result<()> {
+    let copy_or = |name: &str, default: &str| {
+        let text = fs::read_to_string(common.join(name)).unwrap_or_else(|_| default.to_string());
+        fs::write(shadow.join(name), text)
+    };
+    copy_or("config", "")?;
+    copy_or("HEAD", "ref: refs/heads/main\n")?;
+    let mut exclude = fs::read_to_string(common.join("info/exclude")).unwrap_or_default();
+    exclude.push_str(&format!(
+        "\n# zerg: the spec snapshot is mounted here read-only\n/.gsd/specs/{feature}/\n"
+    ));
+    fs::write(shadow.join("info/exclude"), exclude)?;
+    fs::write(
+        shadow.join("objects/info/alternates"),
+        format!("{SHARED_OBJECTS}\n"),
+    )?;
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(common)
+        .args(["for-each-ref", "--format=%(objectname) %(refname)"])
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "safe.directory")
+        .env("GIT_CONFIG_VALUE_0", "*")
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "git for-each-ref failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    fs::write(shadow.join("packed-refs"), out.stdout)
+}
+
 fn grant_container_access_with(worktree: &Path, branch: &str, gid: u32) -> io::Result<()> {
     let g = GitLayout::of_worktree(worktree)?;
     grant_tree(worktree, gid, true, Some(&worktree.join(".git")))?;
     grant_tree(&g.admin_dir, gid, true, None)?;
     let reflog = g.common_dir.join("logs/refs/heads").join(branch);
-    for d in [g.ref_dir(branch), g.reflog_dir(branch)] {
+    for d in g.branch_dirs(branch) {
         fs::create_dir_all(&d)?;
         grant_tree(&d, gid, false, None)?;
     }
@@ -1175,7 +1240,7 @@ fn set_group_bits(path: &Path, meta: &fs::Metadata, gid: u32, want: u32) -> io::
 // === Git objects written by containers ===
 
 /// Copies the objects worker `worker_id`'s containers wrote (into their private
-/// `GIT_OBJECT_DIRECTORY`, `<git dir>/zerg-objects/worker-<N>`) into the repository's shared
+/// object dir, `<git dir>/zerg/worker-<N>/objects`) into the repository's shared
 /// object store, so zergd's own git sees the worker's commits. Objects that already exist are
 /// never overwritten. Returns how many files were imported; `0` when there is nothing to do.
 ///
@@ -1343,13 +1408,11 @@ mod tests {
         assert_eq!(get("ZERG_RUSH_ID"), "r-123");
         assert_eq!(get("ZERG_GENERATION"), "5");
         assert_eq!(get("HOME"), "/home/worker");
-        assert_eq!(
-            get("GIT_OBJECT_DIRECTORY"),
-            "/srv/repo/.git/zerg-objects/worker-2"
-        );
-        assert_eq!(
-            get("GIT_ALTERNATE_OBJECT_DIRECTORIES"),
-            "/srv/repo/.git/objects"
+        assert!(
+            !env.iter().any(|kv| kv.starts_with("GIT_DIR=")
+                || kv.starts_with("GIT_OBJECT_DIRECTORY=")
+                || kv.starts_with("GIT_COMMON_DIR=")),
+            "no git path variables: they would leak into every other repository"
         );
         assert_eq!(get("ANTHROPIC_API_KEY"), "sk-test");
         assert_eq!(get("FAKE_CLAUDE_SCRIPT"), "/tmp/t/script.json");
@@ -1381,13 +1444,24 @@ mod tests {
         let sp = mount(&ms, "/workspace/.gsd/specs/feat-x");
         assert_eq!(sp.source.as_deref(), Some("/srv/repo/.zerg/specs/feat-x"));
         assert_eq!(sp.read_only, Some(true), "the spec must be read-only");
-        // The git dir at its own host path, read-only, with writable windows.
-        assert_eq!(mount(&ms, "/srv/repo/.git").read_only, Some(true));
-        for rw in [
+        // The worker's private git dir at the real one's path, with live windows.
+        let git = mount(&ms, "/srv/repo/.git");
+        assert_eq!(git.source.as_deref(), Some("/srv/repo/.git/zerg/worker-2"));
+        let objects = mount(&ms, "/zerg/shared-objects");
+        assert_eq!(objects.source.as_deref(), Some("/srv/repo/.git/objects"));
+        assert_eq!(objects.read_only, Some(true));
+        for window in [
             "/srv/repo/.git/worktrees/worker-2",
             "/srv/repo/.git/refs/heads/zerg/feat-x",
             "/srv/repo/.git/logs/refs/heads/zerg/feat-x",
-            "/srv/repo/.git/zerg-objects/worker-2",
+        ] {
+            assert_eq!(mount(&ms, window).source.as_deref(), Some(window));
+        }
+        for rw in [
+            "/srv/repo/.git",
+            "/srv/repo/.git/worktrees/worker-2",
+            "/srv/repo/.git/refs/heads/zerg/feat-x",
+            "/srv/repo/.git/logs/refs/heads/zerg/feat-x",
             "/zerg/state",
             "/zerg/logs",
             "/home/worker/.claude",
@@ -1510,12 +1584,11 @@ mod tests {
         assert_eq!(g.admin_dir, admin);
         assert_eq!(g.common_dir, dir.path().join("repo/.git"));
         assert_eq!(
-            g.ref_dir("zerg/f/worker-1"),
-            dir.path().join("repo/.git/refs/heads/zerg/f")
-        );
-        assert_eq!(
-            g.reflog_dir("zerg/f/worker-1"),
-            dir.path().join("repo/.git/logs/refs/heads/zerg/f")
+            g.branch_dirs("zerg/f/worker-1"),
+            [
+                dir.path().join("repo/.git/refs/heads/zerg/f"),
+                dir.path().join("repo/.git/logs/refs/heads/zerg/f")
+            ]
         );
         assert!(GitLayout::of_worktree(dir.path()).is_err());
     }
@@ -1559,7 +1632,7 @@ mod tests {
 
     const TEST_IMAGE: &str = "zerg-worker:launcher-test";
 
-    /// The fake agent: reports what it sees, commits, and exits 3 (worker 2 sleeps instead).
+    /// The fake agent: reports what it sees, commits, and exits 3 (other workers sleep).
     const FAKE_AGENT: &str = r#"#!/bin/sh
 out=/zerg/state/report-$ZERG_WORKER_ID
 {
@@ -1570,7 +1643,7 @@ out=/zerg/state/report-$ZERG_WORKER_ID
   if git credential-cache --socket "$ZERG_SOCKET" exit; then echo "socket=ok"; else echo "socket=fail"; fi
   if [ -e /var/run/docker.sock ]; then echo "docker_sock=yes"; else echo "docker_sock=no"; fi
 } > "$out" 2>&1
-if [ "$ZERG_WORKER_ID" = "2" ]; then echo "worker 2 sleeping"; exec sleep 600; fi
+if [ "$ZERG_WORKER_ID" != "1" ]; then echo "worker $ZERG_WORKER_ID sleeping"; exec sleep 600; fi
 echo hello > hello.txt
 if git add hello.txt && git commit -q -m "from container"; then echo "commit=ok" >> "$out"; else echo "commit=fail" >> "$out"; fi
 echo "agent done"
@@ -1861,6 +1934,49 @@ exit 3
         launcher.stop(sp2.clone(), Duration::from_secs(1)).await;
         assert_eq!(exit_of(rx).await, ExitInfo::Code(143));
         assert!(!launcher.is_alive(sp2).await);
+        assert!(launcher.discover(&rush).await.is_empty());
+
+        // A leftover container with worker 3's name is ours by label: it is replaced. A kill
+        // (as by `docker kill`) is seen as a crash exit.
+        let s3 = mk(3);
+        let leftover = ContainerCreateBody {
+            image: Some(TEST_IMAGE.into()),
+            entrypoint: Some(vec!["/bin/sh".into()]),
+            labels: Some(HashMap::from([
+                (LABEL_FEATURE.to_string(), "feat".to_string()),
+                (LABEL_WORKER.to_string(), "3".to_string()),
+            ])),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptionsBuilder::new()
+            .name(&container_name(&s3))
+            .build();
+        launcher
+            .docker
+            .create_container(Some(opts), leftover)
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sp3 = launcher
+            .spawn(
+                s3,
+                Box::new(move |i| {
+                    let _ = tx.send(i);
+                }),
+            )
+            .await
+            .unwrap();
+        let id3 = sp3.container_id.clone().unwrap();
+        launcher
+            .docker
+            .kill_container(
+                &id3,
+                None::<bollard::query_parameters::KillContainerOptions>,
+            )
+            .await
+            .unwrap();
+        assert_eq!(exit_of(rx).await, ExitInfo::Code(137));
+        launcher.cleanup(sp3).await;
         assert!(launcher.discover(&rush).await.is_empty());
 
         let _ = launcher

@@ -110,12 +110,12 @@ pub fn prepare_fresh(
         ))
     })?;
     let staging = staging_branch(feature);
-    if let Some(old) = git::rev(repo, &format!("refs/heads/{staging}")) {
-        if !git::is_ancestor(repo, &old, &base_commit) {
-            return Err(Status::failed_precondition(format!(
-                "branch {staging} holds commits from an earlier rush that are not on {base_branch}; merge it, or delete it with `git branch -D {staging}`, then rush again"
-            )));
-        }
+    if let Some(old) = git::rev(repo, &format!("refs/heads/{staging}"))
+        && !git::is_ancestor(repo, &old, &base_commit)
+    {
+        return Err(Status::failed_precondition(format!(
+            "branch {staging} holds commits from an earlier rush that are not on {base_branch}; merge it, or delete it with `git branch -D {staging}`, then rush again"
+        )));
     }
     let paths = RushPaths::new(repo.to_path_buf(), feature);
     // Leftovers of an earlier rush of this feature: its result is on the base already (checked
@@ -311,8 +311,9 @@ fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Keeps `.zerg/` and `.zerg-worktrees/` out of `git status` in the user's checkout, through the
-/// repository-local (never committed) `.git/info/exclude`.
+/// Keeps zerg's runtime files (state, logs, snapshots, worktrees) out of `git status` in the
+/// user's checkout, through the repository-local (never committed) `.git/info/exclude`.
+/// `.zerg/config.yaml` stays visible: it is the user's to commit.
 fn exclude_zerg_dirs(repo: &Path) {
     let Ok(common) = git::git(repo, &["rev-parse", "--git-common-dir"]) else {
         return;
@@ -325,7 +326,13 @@ fn exclude_zerg_dirs(repo: &Path) {
     let path = common.join("info").join("exclude");
     let existing = std::fs::read_to_string(&path).unwrap_or_default();
     let mut add = String::new();
-    for line in ["/.zerg/", "/.zerg-worktrees/"] {
+    for line in [
+        "/.zerg-worktrees/",
+        "/.zerg/state/",
+        "/.zerg/logs/",
+        "/.zerg/rush/",
+        "/.zerg/monitor.log",
+    ] {
         if !existing.lines().any(|l| l.trim() == line) {
             add.push_str(line);
             add.push('\n');
@@ -377,10 +384,10 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         }
     }
     for (_, wt, _) in &job.heads {
-        if wt.exists() {
-            if let Err(e) = git::reset_hard(wt, &head) {
-                return MergeResult::Error(e.to_string());
-            }
+        if wt.exists()
+            && let Err(e) = git::reset_hard(wt, &head)
+        {
+            return MergeResult::Error(e.to_string());
         }
     }
     MergeResult::Merged(head)

@@ -9,6 +9,8 @@
 pub mod jobs;
 pub mod rush;
 pub mod status;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -27,7 +29,7 @@ use crate::launcher::subprocess::{SubprocessLauncher, same_process};
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
 use crate::monitor::{Level, Monitor, Source};
 use crate::state::{Registry, RegistryEntry, StateStore};
-use rush::{Effects, MergeResult, Rush, WorkerRt};
+use rush::{Effects, MergeResult, Rush};
 
 /// Reply channel type.
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
@@ -257,13 +259,18 @@ impl Supervisor {
                 }
                 r.dirty = false;
                 changed_registry = true;
-                let msg = std::mem::take(&mut r.last_message);
+                let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
-                    let ev = v1::WatchEvent {
-                        status: Some(r.status()),
-                        message: msg,
-                    };
-                    ws.retain(|w| w.try_send(Ok(ev.clone())).is_ok() || !w.is_closed());
+                    // One event per line; the last one carries the new status.
+                    let n = msgs.len().max(1);
+                    let status = r.status();
+                    for i in 0..n {
+                        let ev = v1::WatchEvent {
+                            status: (i + 1 == n).then(|| status.clone()),
+                            message: msgs.get(i).cloned().unwrap_or_default(),
+                        };
+                        ws.retain(|w| w.try_send(Ok(ev.clone())).is_ok() || !w.is_closed());
+                    }
                 }
             }
         }
@@ -380,6 +387,19 @@ impl Supervisor {
         for (_, sp, grace) in fx.stop {
             if let Ok(l) = self.launcher_for(&mode) {
                 tokio::spawn(async move {
+                    l.stop(sp.clone(), grace).await;
+                    l.cleanup(sp).await;
+                });
+            }
+        }
+        for (_, sp, grace) in fx.drain {
+            if let Ok(l) = self.launcher_for(&mode) {
+                tokio::spawn(async move {
+                    // Give the worker the grace period to exit by itself, then stop it.
+                    let deadline = Instant::now() + grace;
+                    while Instant::now() < deadline && l.is_alive(sp.clone()).await {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     l.stop(sp.clone(), grace).await;
                     l.cleanup(sp).await;
                 });
@@ -722,7 +742,7 @@ impl Supervisor {
             merging: false,
             next_reconcile: now,
             escalations: Vec::new(),
-            last_message: String::new(),
+            messages: Vec::new(),
             brake_at: None,
         };
         self.rushes.insert(id.clone(), rush);
@@ -863,7 +883,7 @@ impl Supervisor {
                 merging: false,
                 next_reconcile: now,
                 escalations: Vec::new(),
-                last_message: String::new(),
+                messages: Vec::new(),
                 brake_at: None,
             };
             if active {
@@ -875,10 +895,11 @@ impl Supervisor {
 
     async fn readopt(&mut self, r: &mut Rush, now: Instant, wall: std::time::SystemTime) {
         let mode = r.doc.rush.mode.clone();
-        if mode == "container" && self.container.is_none() {
-            if let Ok(c) = ContainerLauncher::connect().await {
-                self.container = Some(Arc::new(c));
-            }
+        if mode == "container"
+            && self.container.is_none()
+            && let Ok(c) = ContainerLauncher::connect().await
+        {
+            self.container = Some(Arc::new(c));
         }
         let launcher = self.launcher_for(&mode).ok();
         let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold);
@@ -908,13 +929,12 @@ impl Supervisor {
                     start_time: w.pid_start_time,
                     container_id: w.container_id.clone(),
                 };
-                if sp.container_id.is_none() {
-                    if let Some(d) = discovered
+                if sp.container_id.is_none()
+                    && let Some(d) = discovered
                         .iter()
                         .find(|d| d.worker_id == w.worker_id && d.generation == w.generation)
-                    {
-                        sp = d.spawned.clone();
-                    }
+                {
+                    sp = d.spawned.clone();
                 }
                 (w.worker_id, w.generation, sp)
             })
@@ -923,15 +943,13 @@ impl Supervisor {
             let known = workers
                 .iter()
                 .any(|(w, g, _)| *w == d.worker_id && *g == d.generation);
-            if !known {
-                if let Some(l) = &launcher {
-                    let l = l.clone();
-                    let sp = d.spawned.clone();
-                    tokio::spawn(async move {
-                        l.stop(sp.clone(), Duration::ZERO).await;
-                        l.cleanup(sp).await;
-                    });
-                }
+            if !known && let Some(l) = &launcher {
+                let l = l.clone();
+                let sp = d.spawned.clone();
+                tokio::spawn(async move {
+                    l.stop(sp.clone(), Duration::ZERO).await;
+                    l.cleanup(sp).await;
+                });
             }
         }
         for (w, generation, sp) in workers {
@@ -939,7 +957,7 @@ impl Supervisor {
                 (Some(l), true) => l.is_alive(sp.clone()).await,
                 _ => false,
             };
-            let rt = r.rt_workers.entry(w).or_insert_with(WorkerRt::default);
+            let rt = r.rt_workers.entry(w).or_default();
             if alive && r.doc.rush.state != "paused" {
                 rt.spawned = Some(sp.clone());
                 rt.registered = false;

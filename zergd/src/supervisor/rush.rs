@@ -34,6 +34,9 @@ pub struct Effects {
     pub spawn: Vec<(u32, u64)>,
     /// Workers to stop: (worker id, handle, grace).
     pub stop: Vec<(u32, Spawned, Duration)>,
+    /// Workers to stop only if they have not exited by themselves within the delay (the end of
+    /// a rush: parked workers were told there is no work left).
+    pub drain: Vec<(u32, Spawned, Duration)>,
     /// A level merge to run.
     pub merge: Option<MergeJob>,
     /// Replies to send once the state is saved.
@@ -200,8 +203,8 @@ pub struct Rush {
     pub next_reconcile: Instant,
     /// Escalations raised during this rush.
     pub escalations: Vec<v1::Escalation>,
-    /// A one-line description of the last change, for watchers.
-    pub last_message: String,
+    /// Event lines since the last save, for watchers.
+    pub messages: Vec<String>,
     /// When the mass-staleness brake last fired.
     pub brake_at: Option<Instant>,
 }
@@ -255,7 +258,9 @@ impl Rush {
         self.monitor
             .emit(wall, source, level, kind, &message, data.clone());
         self.doc.log(iso_millis(wall), kind, data);
-        self.last_message = message;
+        if self.messages.len() < 1000 {
+            self.messages.push(message);
+        }
         self.dirty = true;
     }
 
@@ -1157,16 +1162,16 @@ impl Rush {
                 json!({"worker_id": w}),
             );
         }
-        if !req.lease_id.is_empty() {
-            if let Some(trt) = self.rt_tasks.get_mut(&req.task_id) {
-                // Only evidence of work refreshes the task's progress deadline: new output from
-                // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
-                // that a hung `claude -p` is making progress.
-                if req.last_output_ms > trt.last_output_ms || req.step != trt.last_step {
-                    trt.last_progress = now;
-                    trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
-                    trt.last_step = req.step;
-                }
+        if !req.lease_id.is_empty()
+            && let Some(trt) = self.rt_tasks.get_mut(&req.task_id)
+        {
+            // Only evidence of work refreshes the task's progress deadline: new output from
+            // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
+            // that a hung `claude -p` is making progress.
+            if req.last_output_ms > trt.last_output_ms || req.step != trt.last_step {
+                trt.last_progress = now;
+                trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
+                trt.last_step = req.step;
             }
         }
         Ok(())
@@ -1774,7 +1779,8 @@ impl Rush {
         self.stop_all_workers(now, wall, fx, secs(self.config.workers.stop_grace_seconds));
     }
 
-    /// Replies Done to parked workers and stops the rest.
+    /// Replies Done to parked workers and stops them all: at once for `zergctl stop`, after a
+    /// grace period to exit by themselves at the end of a rush.
     fn stop_all_workers(
         &mut self,
         now: Instant,
@@ -1782,6 +1788,7 @@ impl Rush {
         fx: &mut Effects,
         grace: Duration,
     ) {
+        let drain = self.state() != "stopped";
         self.dispatch(now, wall, fx);
         let ids: Vec<u32> = self.rt_workers.keys().copied().collect();
         for w in ids {
@@ -1789,7 +1796,11 @@ impl Rush {
             rt.spawn_due = None;
             if let Some(sp) = rt.spawned.clone() {
                 rt.stopping = true;
-                fx.stop.push((w, sp, grace));
+                if drain {
+                    fx.drain.push((w, sp, grace));
+                } else {
+                    fx.stop.push((w, sp, grace));
+                }
             }
             let st = self.worker_status(w).to_string();
             if matches!(st.as_str(), "backoff" | "starting") {
@@ -1913,10 +1924,10 @@ impl Rush {
         }
         let was_running = self.state() == "running";
         if was_running {
-            if let Some(l) = self.first_open_level() {
-                if l < self.doc.current_level {
-                    self.start_level(l, wall);
-                }
+            if let Some(l) = self.first_open_level()
+                && l < self.doc.current_level
+            {
+                self.start_level(l, wall);
             }
             self.dispatch(now, wall, fx);
         } else {
@@ -2223,21 +2234,21 @@ impl Rush {
 
     /// Stops a worker; its exit is expected (not a crash).
     fn kill_worker(&mut self, w: u32, fx: &mut Effects) {
-        if let Some(rt) = self.rt_workers.get_mut(&w) {
-            if let Some(sp) = rt.spawned.clone() {
-                rt.stopping = true;
-                fx.stop
-                    .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
-            }
+        if let Some(rt) = self.rt_workers.get_mut(&w)
+            && let Some(sp) = rt.spawned.clone()
+        {
+            rt.stopping = true;
+            fx.stop
+                .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
         }
     }
 
     fn kill_worker_keep_unexpected(&mut self, w: u32, fx: &mut Effects) {
-        if let Some(rt) = self.rt_workers.get(&w) {
-            if let Some(sp) = rt.spawned.clone() {
-                fx.stop
-                    .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
-            }
+        if let Some(rt) = self.rt_workers.get(&w)
+            && let Some(sp) = rt.spawned.clone()
+        {
+            fx.stop
+                .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
         }
     }
 

@@ -1,0 +1,1 @@
+use zerg_tests as _;

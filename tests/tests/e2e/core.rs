@@ -1,0 +1,415 @@
+//! The core rush: graphs, levels, merges, failures, status, stop, escalations.
+
+use std::time::Duration;
+
+use serde_json::json;
+use zerg_tests::*;
+
+const T: Duration = Duration::from_secs(120);
+
+#[test]
+fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
+    let repo = TestRepo::new();
+    repo.write_graph("feat", &graph_12("feat"));
+    repo.write_config(FAST_WORKERS);
+    let head_before = git(&repo.path, &["rev-parse", "HEAD"]);
+    let status_before = repo.status_porcelain();
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "feat", "--workers", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "rush failed: {}\n{stderr}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        d.log()
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("complete: 12/12"));
+
+    let st = d.status(&repo.path, "feat").expect("status");
+    assert_eq!(st["state"], "complete");
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    // Every Task-ID exactly once on staging.
+    assert_eq!(repo.task_ids_on("zerg/feat/staging"), graph_12_ids());
+    // Every file on staging.
+    let files = repo.files_on("zerg/feat/staging");
+    for f in (1..=5)
+        .map(|i| format!("l1/a{i}.txt"))
+        .chain((1..=4).map(|i| format!("l2/b{i}.txt")))
+        .chain((1..=3).map(|i| format!("l3/c{i}.txt")))
+    {
+        assert!(files.contains(&f), "{f} missing on staging: {files:?}");
+    }
+    // The user's checkout is unchanged.
+    assert_eq!(git(&repo.path, &["rev-parse", "HEAD"]), head_before);
+    assert_eq!(
+        git(&repo.path, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        "main"
+    );
+    let after = repo.status_porcelain();
+    assert!(
+        after.is_subset(&status_before),
+        "user's checkout changed: before {status_before:?}, after {after:?}"
+    );
+    assert!(
+        status_before.iter().all(|l| l.starts_with("??")),
+        "{status_before:?}"
+    );
+    assert!(
+        !repo.path.join("l1").exists(),
+        "task output leaked into the user's checkout"
+    );
+    // Three distinct workers did work, and the levels merged in order.
+    let workers: std::collections::BTreeSet<i64> = st["tasks"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|t| t["worker_id"].as_i64())
+        .collect();
+    assert!(workers.len() >= 2, "work was not spread: {workers:?}");
+    for l in ["1", "2", "3"] {
+        assert_eq!(st["levels"][l]["status"], "complete");
+        assert_eq!(st["levels"][l]["merge_status"], "complete");
+    }
+    // Compatible state file, with levels on every task.
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo.path.join(".zerg/state/feat.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["format_version"], 1);
+    assert_eq!(state["tasks"]["G-L2-001"]["level"], 2);
+    assert_eq!(state["tasks"]["G-L2-001"]["status"], "complete");
+    // Compatible heartbeat and progress files.
+    let hb: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo.path.join(".zerg/state/heartbeat-0.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(hb["timestamp"].is_string() && hb["step"].is_string());
+    assert!(repo.path.join(".zerg/state/progress-0.json").exists());
+    // Workers are gone and worktrees removed after a complete rush.
+    for pid in worker_pids(&st) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while alive(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!alive(pid), "worker {pid} outlived the rush");
+    }
+}
+
+#[test]
+fn status_json_has_the_documented_keys() {
+    let repo = TestRepo::new();
+    repo.write_graph("keys", &graph_12("keys"));
+    repo.write_config(FAST_WORKERS);
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "keys", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_end(&repo.path, "keys", T);
+    for k in [
+        "feature",
+        "state",
+        "current_level",
+        "tasks",
+        "workers",
+        "levels",
+        "resilience",
+    ] {
+        assert!(st.get(k).is_some(), "missing key {k}");
+    }
+    let t = &st["tasks"]["G-L1-001"];
+    for k in ["status", "level", "worker_id", "attempts", "error"] {
+        assert!(t.get(k).is_some(), "task missing key {k}: {t}");
+    }
+    let w = &st["workers"]["0"];
+    for k in ["status", "current_task", "last_heartbeat"] {
+        assert!(w.get(k).is_some(), "worker missing key {k}: {w}");
+    }
+    for k in ["status", "merge_status"] {
+        assert!(st["levels"]["1"].get(k).is_some());
+    }
+    for k in [
+        "spawn_retries",
+        "stale_detections",
+        "task_reassignments",
+        "worker_respawns",
+        "reconcile_fixes",
+    ] {
+        assert!(st["resilience"].get(k).is_some(), "resilience missing {k}");
+    }
+    // Text status renders too, with the resilience section.
+    let text =
+        String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "keys"]).stdout).to_string();
+    assert!(text.contains("Resilience:"), "{text}");
+    assert!(text.contains("[COMPLETE]"), "{text}");
+}
+
+#[test]
+fn invalid_graphs_are_refused_with_the_problem_named() {
+    let repo = TestRepo::new();
+    let cyclic = json!({"feature": "cyc", "tasks": [
+        {"id": "A", "title": "a", "level": 1, "dependencies": ["B"]},
+        {"id": "B", "title": "b", "level": 1, "dependencies": ["A"]}
+    ]});
+    repo.write_graph("cyc", &cyclic.to_string());
+    repo.write_config("");
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "cyc", "--workers", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cycle"), "{err}");
+    assert!(err.contains("task A"), "{err}");
+
+    // zergctl validate lists every error offline and exits 1.
+    let out = d.ctl_in(&repo.path, &["validate", "cyc"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("error:"), "{text}");
+    assert!(text.contains("cycle"), "{text}");
+
+    // Same-level file conflict.
+    let conflict = json!({"feature": "own", "tasks": [
+        {"id": "A", "title": "a", "level": 1, "files": {"create": ["x.txt"], "modify": [], "read": []}},
+        {"id": "B", "title": "b", "level": 1, "files": {"create": [], "modify": ["x.txt"], "read": []}}
+    ]});
+    repo.write_graph("own", &conflict.to_string());
+    let out = d.ctl_in(&repo.path, &["validate", "own"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("x.txt"));
+
+    // JSON syntax errors give line and column.
+    repo.write_graph("bad", "{\n  \"feature\": \"bad\",\n  \"tasks\": [\n}\n");
+    let out = d.ctl_in(&repo.path, &["validate", "bad"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(":4:"), "{text}");
+
+    // A valid graph validates.
+    repo.write_graph("ok", &graph_12("ok"));
+    let out = d.ctl_in(&repo.path, &["validate", "ok"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Bad config: the error names the key path.
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        "workers:\n  retry_attempts: many\n",
+    )
+    .unwrap();
+    let out = d.ctl_in(&repo.path, &["rush", "ok", "--workers", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("workers.retry_attempts"));
+}
+
+#[test]
+fn a_task_that_fails_for_good_ends_the_rush_with_dependents_blocked() {
+    let repo = TestRepo::new();
+    repo.write_graph("fail", &graph_12("fail"));
+    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 1\n"));
+    // G-L1-002 always exits 1: every L2 and L3 task depends on it.
+    repo.write_script("fail", &json!({"tasks": {"G-L1-002": [{"op": "stderr", "text": "boom"}, {"op": "exit", "code": 1}]}}));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "fail", "--workers", "3"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("failed"), "{stdout}");
+    let st = d.status(&repo.path, "fail").unwrap();
+    assert_eq!(st["state"], "failed");
+    assert_eq!(tasks_with(&st, "failed"), vec!["G-L1-002"]);
+    assert_eq!(
+        st["tasks"]["G-L1-002"]["attempts"], 2,
+        "one retry, then failed"
+    );
+    assert!(
+        st["tasks"]["G-L1-002"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("agent exited 1")
+    );
+    let blocked = tasks_with(&st, "blocked");
+    assert_eq!(
+        blocked.len(),
+        7,
+        "all L2 and L3 tasks are blocked: {blocked:?}"
+    );
+    // The independent level-1 tasks completed and were merged.
+    assert_eq!(tasks_with(&st, "complete").len(), 4);
+    assert_eq!(repo.task_ids_on("zerg/fail/staging").len(), 4);
+
+    // Retry after fixing the cause completes the rush.
+    repo.write_script("fail", &json!({}));
+    std::fs::copy(
+        repo.path.join(".gsd/specs/fail/fake-claude.json"),
+        repo.path.join(".zerg/rush/fail/spec/fake-claude.json"),
+    )
+    .unwrap();
+    let out = d.ctl_in(&repo.path, &["retry", "fail"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = d.wait_end(&repo.path, "fail", T);
+    assert_eq!(st["state"], "complete", "{st}");
+    assert_eq!(repo.task_ids_on("zerg/fail/staging"), graph_12_ids());
+}
+
+#[test]
+fn stop_really_stops_the_workers() {
+    let repo = TestRepo::new();
+    repo.write_graph("stop", &graph_12("stop"));
+    repo.write_config("workers:\n  stop_grace_seconds: 1\n  heartbeat_interval_seconds: 0.5\n");
+    repo.write_script("stop", &json!({"default": [{"op": "hang"}]}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "stop", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_for(&repo.path, "stop", T, "two running tasks", |s| {
+        tasks_with(s, "in_progress").len() == 2
+    });
+    let pids = worker_pids(&st);
+    assert_eq!(pids.len(), 2);
+    let out = d.ctl_in(&repo.path, &["stop", "stop"]);
+    assert!(out.status.success());
+    let st = d.wait_end(&repo.path, "stop", T);
+    assert_eq!(st["state"], "stopped");
+    assert!(tasks_with(&st, "in_progress").is_empty());
+    for pid in pids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while alive(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!alive(pid), "worker {pid} survived stop");
+    }
+    // The hanging fake agents (children in the worker's process group) are gone too.
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", "fake-claude"])
+        .output()
+        .unwrap();
+    let survivors = String::from_utf8_lossy(&out.stdout).to_string();
+    for line in survivors.lines() {
+        let pid: i32 = line.trim().parse().unwrap_or(0);
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        assert!(
+            !cwd.starts_with(&repo.path),
+            "fake agent {pid} in {cwd:?} survived stop"
+        );
+    }
+}
+
+#[test]
+fn escalations_out_of_scope_changes_and_logs_are_reported() {
+    let repo = TestRepo::new();
+    let graph = json!({"feature": "esc", "tasks": [
+        {"id": "E-L1-001", "title": "ambiguous", "level": 1, "files": {"create": ["a.txt"], "modify": [], "read": []}},
+        {"id": "E-L1-002", "title": "sloppy", "level": 1, "files": {"create": ["b.txt"], "modify": [], "read": []}}
+    ]});
+    repo.write_graph("esc", &graph.to_string());
+    repo.write_config(FAST_WORKERS);
+    repo.write_script("esc", &json!({"tasks": {
+        "E-L1-001": [{"op": "escalate", "category": "ambiguous_spec", "message": "which format?"}],
+        "E-L1-002": [{"op": "write_owned"}, {"op": "write", "path": "stray.txt", "content": "x"}, {"op": "print", "text": "did extra work"}]
+    }}));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "esc", "--workers", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let st = d.status(&repo.path, "esc").unwrap();
+    let esc = &st["escalations"][0];
+    assert_eq!(esc["task_id"], "E-L1-001");
+    assert_eq!(esc["category"], "ambiguous_spec");
+    assert_eq!(esc["message"], "which format?");
+    assert_eq!(st["tasks"]["E-L1-001"]["status"], "failed");
+    let file: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo.path.join(".zerg/state/escalations.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(file["escalations"][0]["category"], "ambiguous_spec");
+    // The worker's exit 4 is observed (the slot is then respawned, so look at the log).
+    let monitor = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(monitor.contains("exited: 4 (escalation)"), "{monitor}");
+    // Out-of-scope change recorded as a warning.
+    assert_eq!(
+        st["tasks"]["E-L1-002"]["out_of_scope"],
+        json!(["stray.txt"])
+    );
+    assert!(
+        st["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("stray.txt"))
+    );
+    // Logs.
+    let out = d.ctl_in(&repo.path, &["logs", "esc", "--tail", "50"]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[W"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let art = std::fs::read_to_string(repo.path.join(".zerg/logs/tasks/E-L1-002/agent-output.txt"))
+        .unwrap();
+    assert!(art.contains("did extra work"));
+}
+
+#[test]
+fn zergctl_explains_a_missing_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["status"])
+        .env("ZERG_SOCKET", dir.path().join("none.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("zergd is not running"), "{err}");
+    assert!(err.contains("zergd &"), "{err}");
+}
+
+#[test]
+fn the_socket_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start();
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let dir_mode = std::fs::metadata(d.socket.parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(dir_mode, 0o700);
+    // A second daemon on the same socket refuses to start.
+    let out = std::process::Command::new(bin("zergd"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+}
+
+#[test]
+fn the_demo_runs() {
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["demo", "--workers", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("complete: 6/6"), "{stdout}");
+    assert!(stdout.contains("modified by DEMO-L3-001"), "{stdout}");
+}

@@ -1,0 +1,5 @@
+//! End-to-end tests: the real zergd, zergctl and zerg-worker-agent binaries, the fake agent
+//! CLI, real git repositories in temp dirs and a real Unix socket.
+
+mod chaos;
+mod core;
