@@ -46,13 +46,18 @@ const DOCKERFILE: &str = include_str!("../../docker/Dockerfile");
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin:/bin:/sbin";
 /// Commands copied into the offline image when the host has them.
 const TOOLS: &[&str] = &[
-    "bash", "cat", "ls", "mkdir", "cp", "mv", "rm", "ln", "test", "[", "true", "false", "echo", "env", "sleep",
-    "touch", "grep", "sed", "head", "tail", "wc", "chmod", "printf", "sort", "uniq", "cut", "tr", "tee", "find",
-    "xargs", "diff", "id", "pwd", "dirname", "basename", "readlink", "realpath", "mktemp", "date", "uname", "stat",
+    "bash", "cat", "ls", "mkdir", "cp", "mv", "rm", "ln", "test", "[", "true", "false", "echo",
+    "env", "sleep", "touch", "grep", "sed", "head", "tail", "wc", "chmod", "printf", "sort",
+    "uniq", "cut", "tr", "tee", "find", "xargs", "diff", "id", "pwd", "dirname", "basename",
+    "readlink", "realpath", "mktemp", "date", "uname", "stat",
 ];
 /// Compiled helpers of git's exec path worth their libraries (scripts and builtins are
 /// always taken).
-const GIT_HELPERS: &[&str] = &["git-sh-i18n--envsubst", "git-remote-http", "git-remote-https"];
+const GIT_HELPERS: &[&str] = &[
+    "git-sh-i18n--envsubst",
+    "git-remote-http",
+    "git-remote-https",
+];
 /// Engine timeout for image requests (an import answers after reading the whole archive).
 const IMAGE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -85,7 +90,9 @@ impl Default for BuildOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// The Docker engine could not be reached.
-    #[error("docker engine unreachable: {message}; start dockerd (or set DOCKER_HOST) and make sure this user may use it")]
+    #[error(
+        "docker engine unreachable: {message}; start dockerd (or set DOCKER_HOST) and make sure this user may use it"
+    )]
     Unreachable {
         /// The client's error.
         message: String,
@@ -105,7 +112,9 @@ pub enum ImageError {
 }
 
 fn input(message: impl Into<String>) -> ImageError {
-    ImageError::Input { message: message.into() }
+    ImageError::Input {
+        message: message.into(),
+    }
 }
 
 /// Builds the worker image and returns its id (`sha256:…`).
@@ -123,7 +132,10 @@ pub async fn build(opts: &BuildOptions) -> Result<String, ImageError> {
 }
 
 fn agent_path(opts: &BuildOptions) -> Result<PathBuf, ImageError> {
-    let path = match (&opts.agent, std::env::var_os("ZERG_WORKER_AGENT_BIN").filter(|v| !v.is_empty())) {
+    let path = match (
+        &opts.agent,
+        std::env::var_os("ZERG_WORKER_AGENT_BIN").filter(|v| !v.is_empty()),
+    ) {
         (Some(p), _) => p.clone(),
         (None, Some(p)) => PathBuf::from(p),
         (None, None) => std::env::current_exe()
@@ -141,8 +153,12 @@ fn agent_path(opts: &BuildOptions) -> Result<PathBuf, ImageError> {
 }
 
 async fn connect() -> Result<Docker, ImageError> {
-    let unreachable = |e: bollard::errors::Error| ImageError::Unreachable { message: e.to_string() };
-    let docker = Docker::connect_with_local_defaults().map_err(unreachable)?.with_timeout(IMAGE_TIMEOUT);
+    let unreachable = |e: bollard::errors::Error| ImageError::Unreachable {
+        message: e.to_string(),
+    };
+    let docker = Docker::connect_with_local_defaults()
+        .map_err(unreachable)?
+        .with_timeout(IMAGE_TIMEOUT);
     let docker = docker.negotiate_version().await.map_err(unreachable)?;
     docker.ping().await.map_err(unreachable)?;
     Ok(docker)
@@ -157,15 +173,22 @@ fn split_tag(image: &str) -> (&str, &str) {
 }
 
 async fn image_id(docker: &Docker, tag: &str) -> Result<String, ImageError> {
-    let info = docker.inspect_image(tag).await.map_err(|e| ImageError::Engine {
-        message: format!("cannot inspect {tag} after building it: {e}"),
-    })?;
+    let info = docker
+        .inspect_image(tag)
+        .await
+        .map_err(|e| ImageError::Engine {
+            message: format!("cannot inspect {tag} after building it: {e}"),
+        })?;
     Ok(info.id.unwrap_or_else(|| tag.to_string()))
 }
 
 // === Offline ===
 
-async fn build_offline(docker: &Docker, opts: &BuildOptions, agent: &Path) -> Result<String, ImageError> {
+async fn build_offline(
+    docker: &Docker,
+    opts: &BuildOptions,
+    agent: &Path,
+) -> Result<String, ImageError> {
     let extras = opts.with.clone();
     let agent = agent.to_path_buf();
     let rootfs = tokio::task::spawn_blocking(move || offline_rootfs(&agent, &extras))
@@ -196,14 +219,26 @@ async fn build_offline(docker: &Docker, opts: &BuildOptions, agent: &Path) -> Re
         .message("zergctl image build --offline")
         .changes(image_changes(&hash))
         .build();
-    let mut stream = std::pin::pin!(docker.create_image(Some(options), Some(bollard::body_full(tar.into())), None));
+    let mut stream = std::pin::pin!(docker.create_image(
+        Some(options),
+        Some(bollard::body_full(tar.into())),
+        None
+    ));
     while let Some(item) = stream.next().await {
-        item.map_err(|e| ImageError::Engine { message: e.to_string() })?;
+        item.map_err(|e| ImageError::Engine {
+            message: e.to_string(),
+        })?;
     }
     let id = image_id(docker, &opts.tag).await?;
     // The image this build replaced under the tag; kept if a container still uses it.
     if let Some(old) = previous.filter(|old| *old != id) {
-        let _ = docker.remove_image(&old, None::<bollard::query_parameters::RemoveImageOptions>, None).await;
+        let _ = docker
+            .remove_image(
+                &old,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await;
     }
     Ok(id)
 }
@@ -223,7 +258,15 @@ fn image_changes(hash: &str) -> Vec<String> {
 /// Assembles the offline root filesystem from the host.
 fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError> {
     let mut fs_ = Rootfs::default();
-    for d in ["bin", "etc", "usr/local/bin", "workspace", "zerg/state", "zerg/logs", "zerg/run"] {
+    for d in [
+        "bin",
+        "etc",
+        "usr/local/bin",
+        "workspace",
+        "zerg/state",
+        "zerg/logs",
+        "zerg/run",
+    ] {
         fs_.dir(d, 0o755, 0);
     }
     fs_.dir("tmp", 0o1777, 0);
@@ -236,8 +279,16 @@ fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError
         format!("root:x:0:0:root:/root:/bin/sh\nworker:x:{WORKER_UID}:{WORKER_UID}:zerg worker:/home/worker:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
         0o644,
     );
-    fs_.data("etc/group", format!("root:x:0:\nworker:x:{WORKER_UID}:\nnogroup:x:65534:\n"), 0o644);
-    fs_.data("etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files dns\n".to_string(), 0o644);
+    fs_.data(
+        "etc/group",
+        format!("root:x:0:\nworker:x:{WORKER_UID}:\nnogroup:x:65534:\n"),
+        0o644,
+    );
+    fs_.data(
+        "etc/nsswitch.conf",
+        "passwd: files\ngroup: files\nhosts: files dns\n".to_string(),
+        0o644,
+    );
 
     fs_.host_binary(Path::new("/bin/sh"))?;
     for tool in TOOLS {
@@ -245,9 +296,12 @@ fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError
             fs_.host_binary(&p)?;
         }
     }
-    let git = which("git").ok_or_else(|| input("git not found on this host: the offline image copies the host's git"))?;
+    let git = which("git").ok_or_else(|| {
+        input("git not found on this host: the offline image copies the host's git")
+    })?;
     let git_real = fs_.host_binary(&git)?;
-    let git_meta = fs::metadata(&git_real).map_err(|e| input(format!("cannot stat {}: {e}", git_real.display())))?;
+    let git_meta = fs::metadata(&git_real)
+        .map_err(|e| input(format!("cannot stat {}: {e}", git_real.display())))?;
     let exec = std::process::Command::new(&git)
         .arg("--exec-path")
         .output()
@@ -285,7 +339,9 @@ fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError
 /// and sourced shell libraries, and the compiled helpers in [`GIT_HELPERS`]. Perl and Python
 /// scripts (no interpreter in the image) and server tools are left out.
 fn git_helper_wanted(p: &Path, git: &fs::Metadata) -> bool {
-    let Ok(meta) = fs::symlink_metadata(p) else { return false };
+    let Ok(meta) = fs::symlink_metadata(p) else {
+        return false;
+    };
     if meta.file_type().is_symlink() {
         return true;
     }
@@ -295,9 +351,14 @@ fn git_helper_wanted(p: &Path, git: &fs::Metadata) -> bool {
     if meta.dev() == git.dev() && meta.ino() == git.ino() {
         return true;
     }
-    let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
     let mut head = [0u8; 64];
-    let n = fs::File::open(p).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    let n = fs::File::open(p)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
     let head = &head[..n];
     if head.starts_with(b"\x7fELF") {
         return GIT_HELPERS.contains(&name.as_str());
@@ -307,7 +368,10 @@ fn git_helper_wanted(p: &Path, git: &fs::Metadata) -> bool {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    SYSTEM_PATH.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+    SYSTEM_PATH
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
 }
 
 /// Shared libraries from `ldd` output (`name => /path (0x…)` and `/path (0x…)` lines). A
@@ -320,7 +384,11 @@ fn parse_ldd(output: &str) -> Result<Vec<PathBuf>, String> {
             if rest.starts_with("not found") {
                 return Err(name.trim().to_string());
             }
-            if let Some(p) = rest.split_whitespace().next().filter(|p| p.starts_with('/')) {
+            if let Some(p) = rest
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/'))
+            {
                 libs.push(PathBuf::from(p));
             }
         } else if line.starts_with('/')
@@ -336,31 +404,64 @@ fn ldd(file: &Path) -> Result<Vec<PathBuf>, ImageError> {
     let out = std::process::Command::new("ldd")
         .arg(file)
         .output()
-        .map_err(|e| input(format!("cannot run ldd (glibc's libc-bin) for {}: {e}", file.display())))?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        .map_err(|e| {
+            input(format!(
+                "cannot run ldd (glibc's libc-bin) for {}: {e}",
+                file.display()
+            ))
+        })?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if !out.status.success() {
         if text.contains("not a dynamic executable") || text.contains("statically linked") {
             return Ok(Vec::new());
         }
-        return Err(input(format!("ldd {} failed: {}", file.display(), text.trim())));
+        return Err(input(format!(
+            "ldd {} failed: {}",
+            file.display(),
+            text.trim()
+        )));
     }
-    parse_ldd(&text).map_err(|lib| input(format!("{} needs {lib}, which this host does not have", file.display())))
+    parse_ldd(&text).map_err(|lib| {
+        input(format!(
+            "{} needs {lib}, which this host does not have",
+            file.display()
+        ))
+    })
 }
 
 fn is_elf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
-    fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"\x7fELF"
+    fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"\x7fELF"
 }
 
 /// One entry of the image's filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    Dir { mode: u32, owner: u32 },
+    Dir {
+        mode: u32,
+        owner: u32,
+    },
     /// A host file's bytes.
-    File { src: PathBuf, mode: u32, key: (u64, u64) },
+    File {
+        src: PathBuf,
+        mode: u32,
+        key: (u64, u64),
+    },
     /// Generated content.
-    Data { bytes: Vec<u8>, mode: u32 },
-    Symlink { target: PathBuf },
+    Data {
+        bytes: Vec<u8>,
+        mode: u32,
+    },
+    Symlink {
+        target: PathBuf,
+    },
 }
 
 /// The root filesystem being assembled: paths relative to `/`, in archive order (parents
@@ -382,14 +483,23 @@ impl Rootfs {
         let mut cur = PathBuf::new();
         for c in Path::new(rel).components() {
             cur.push(c);
-            self.nodes.entry(cur.clone()).or_insert(Node::Dir { mode: 0o755, owner: 0 });
+            self.nodes.entry(cur.clone()).or_insert(Node::Dir {
+                mode: 0o755,
+                owner: 0,
+            });
         }
         self.nodes.insert(cur, Node::Dir { mode, owner });
     }
 
     fn data(&mut self, rel: &str, content: String, mode: u32) {
         self.parents(Path::new(rel));
-        self.nodes.insert(PathBuf::from(rel), Node::Data { bytes: content.into_bytes(), mode });
+        self.nodes.insert(
+            PathBuf::from(rel),
+            Node::Data {
+                bytes: content.into_bytes(),
+                mode,
+            },
+        );
     }
 
     fn parents(&mut self, rel: &Path) {
@@ -425,19 +535,34 @@ impl Rootfs {
             if meta.file_type().is_symlink() {
                 hops += 1;
                 if hops > 40 {
-                    return Err(input(format!("too many symlinks resolving {}", path.display())));
+                    return Err(input(format!(
+                        "too many symlinks resolving {}",
+                        path.display()
+                    )));
                 }
                 let target = fs::read_link(&next).map_err(io_input("read link", &next))?;
                 self.parents(&rel);
-                self.nodes.insert(rel, Node::Symlink { target: target.clone() });
+                self.nodes.insert(
+                    rel,
+                    Node::Symlink {
+                        target: target.clone(),
+                    },
+                );
                 if target.is_absolute() {
                     cur = PathBuf::from("/");
                 }
-                for t in target.components().rev().filter(|c| !matches!(c, Component::RootDir)) {
+                for t in target
+                    .components()
+                    .rev()
+                    .filter(|c| !matches!(c, Component::RootDir))
+                {
                     todo.push_front(t.as_os_str().to_os_string());
                 }
             } else if meta.is_dir() {
-                self.nodes.entry(rel).or_insert(Node::Dir { mode: meta.mode() & 0o7777, owner: 0 });
+                self.nodes.entry(rel).or_insert(Node::Dir {
+                    mode: meta.mode() & 0o7777,
+                    owner: 0,
+                });
                 cur = next;
             } else if meta.is_file() {
                 if !todo.is_empty() {
@@ -446,7 +571,11 @@ impl Rootfs {
                 self.parents(&rel);
                 self.nodes.insert(
                     rel,
-                    Node::File { src: next.clone(), mode: meta.mode() & 0o7777, key: (meta.dev(), meta.ino()) },
+                    Node::File {
+                        src: next.clone(),
+                        mode: meta.mode() & 0o7777,
+                        key: (meta.dev(), meta.ino()),
+                    },
                 );
                 cur = next;
             } else {
@@ -484,7 +613,11 @@ impl Rootfs {
         self.parents(Path::new(rel));
         self.nodes.insert(
             PathBuf::from(rel),
-            Node::File { src: real.clone(), mode: (meta.mode() & 0o7777) | 0o555, key: (meta.dev(), meta.ino()) },
+            Node::File {
+                src: real.clone(),
+                mode: (meta.mode() & 0o7777) | 0o555,
+                key: (meta.dev(), meta.ino()),
+            },
         );
         self.libraries(&real)
     }
@@ -528,7 +661,9 @@ impl Rootfs {
             match (node, links.get(path)) {
                 (_, Some(to)) => feed(format!("link {}", to.display()).as_bytes()),
                 (Node::Dir { mode, owner }, _) => feed(format!("dir {mode:o} {owner}").as_bytes()),
-                (Node::Symlink { target }, _) => feed(format!("symlink {}", target.display()).as_bytes()),
+                (Node::Symlink { target }, _) => {
+                    feed(format!("symlink {}", target.display()).as_bytes())
+                }
                 (Node::Data { bytes, mode }, _) => {
                     feed(format!("data {mode:o}").as_bytes());
                     feed(bytes);
@@ -558,9 +693,21 @@ impl Rootfs {
                 continue;
             }
             match node {
-                Node::Dir { mode, owner } => tar_entry(&mut tar, &format!("{name}/"), b'5', *mode, *owner, "", &[])?,
-                Node::Symlink { target } => tar_entry(&mut tar, &name, b'2', 0o777, 0, &target.to_string_lossy(), &[])?,
-                Node::Data { bytes, mode } => tar_entry(&mut tar, &name, b'0', *mode, 0, "", bytes)?,
+                Node::Dir { mode, owner } => {
+                    tar_entry(&mut tar, &format!("{name}/"), b'5', *mode, *owner, "", &[])?
+                }
+                Node::Symlink { target } => tar_entry(
+                    &mut tar,
+                    &name,
+                    b'2',
+                    0o777,
+                    0,
+                    &target.to_string_lossy(),
+                    &[],
+                )?,
+                Node::Data { bytes, mode } => {
+                    tar_entry(&mut tar, &name, b'0', *mode, 0, "", bytes)?
+                }
                 Node::File { src, mode, .. } => {
                     let bytes = fs::read(src).map_err(io_input("read", src))?;
                     tar_entry(&mut tar, &name, b'0', *mode, 0, "", &bytes)?;
@@ -573,13 +720,25 @@ impl Rootfs {
 }
 
 /// Appends one ustar entry (header, data, padding). Owner and group are the same id.
-fn tar_entry(out: &mut Vec<u8>, name: &str, kind: u8, mode: u32, owner: u32, link: &str, data: &[u8]) -> Result<(), ImageError> {
+fn tar_entry(
+    out: &mut Vec<u8>,
+    name: &str,
+    kind: u8,
+    mode: u32,
+    owner: u32,
+    link: &str,
+    data: &[u8],
+) -> Result<(), ImageError> {
     let mut h = [0u8; 512];
-    let (prefix, short) = split_name(name).ok_or_else(|| input(format!("path too long for the image archive: {name}")))?;
+    let (prefix, short) = split_name(name)
+        .ok_or_else(|| input(format!("path too long for the image archive: {name}")))?;
     if link.len() > 100 {
-        return Err(input(format!("link target too long for the image archive: {link}")));
+        return Err(input(format!(
+            "link target too long for the image archive: {link}"
+        )));
     }
-    let put = |h: &mut [u8; 512], at: usize, bytes: &[u8]| h[at..at + bytes.len()].copy_from_slice(bytes);
+    let put =
+        |h: &mut [u8; 512], at: usize, bytes: &[u8]| h[at..at + bytes.len()].copy_from_slice(bytes);
     put(&mut h, 0, short.as_bytes());
     put(&mut h, 100, format!("{mode:07o}\0").as_bytes());
     put(&mut h, 108, format!("{owner:07o}\0").as_bytes());
@@ -616,7 +775,11 @@ fn split_name(name: &str) -> Option<(&str, &str)> {
 
 // === Dockerfile ===
 
-async fn build_dockerfile(docker: &Docker, opts: &BuildOptions, agent: &Path) -> Result<String, ImageError> {
+async fn build_dockerfile(
+    docker: &Docker,
+    opts: &BuildOptions,
+    agent: &Path,
+) -> Result<String, ImageError> {
     let agent = agent.to_path_buf();
     let extras = opts.with.clone();
     let context = tokio::task::spawn_blocking(move || dockerfile_context(&agent, &extras))
@@ -628,7 +791,8 @@ async fn build_dockerfile(docker: &Docker, opts: &BuildOptions, agent: &Path) ->
         .rm(true)
         .forcerm(true)
         .build();
-    let mut stream = std::pin::pin!(docker.build_image(options, None, Some(bollard::body_full(context.into()))));
+    let mut stream =
+        std::pin::pin!(docker.build_image(options, None, Some(bollard::body_full(context.into()))));
     let mut tail: VecDeque<String> = VecDeque::new();
     while let Some(item) = stream.next().await {
         match item {
@@ -642,7 +806,9 @@ async fn build_dockerfile(docker: &Docker, opts: &BuildOptions, agent: &Path) ->
             }
             Err(e) => {
                 let out = Vec::from(tail).join("\n");
-                return Err(ImageError::Engine { message: format!("{e}\n{out}").trim().to_string() });
+                return Err(ImageError::Engine {
+                    message: format!("{e}\n{out}").trim().to_string(),
+                });
             }
         }
     }
@@ -664,7 +830,10 @@ fn dockerfile_context(agent: &Path, extras: &[PathBuf]) -> Result<Vec<u8>, Image
         dockerfile.push_str(&format!("COPY extra/{name} /usr/local/bin/{name}\n"));
     }
     // Only the files: the context needs no libraries (the base image has its own).
-    fs_.nodes.retain(|p, n| matches!(n, Node::File { .. } | Node::Dir { .. }) && (p.starts_with("extra") || p == Path::new("zerg-worker-agent")));
+    fs_.nodes.retain(|p, n| {
+        matches!(n, Node::File { .. } | Node::Dir { .. })
+            && (p.starts_with("extra") || p == Path::new("zerg-worker-agent"))
+    });
     fs_.data("Dockerfile", dockerfile, 0o644);
     fs_.to_tar()
 }
@@ -687,16 +856,28 @@ mod tests {
                 PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
             ]
         );
-        assert_eq!(parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err(), "libfoo.so.1");
-        assert_eq!(parse_ldd("\tstatically linked\n").unwrap(), Vec::<PathBuf>::new());
+        assert_eq!(
+            parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err(),
+            "libfoo.so.1"
+        );
+        assert_eq!(
+            parse_ldd("\tstatically linked\n").unwrap(),
+            Vec::<PathBuf>::new()
+        );
     }
 
     #[test]
     fn tags_split() {
         assert_eq!(split_tag("zerg-worker:latest"), ("zerg-worker", "latest"));
         assert_eq!(split_tag("zerg-worker"), ("zerg-worker", "latest"));
-        assert_eq!(split_tag("localhost:5000/zerg-worker"), ("localhost:5000/zerg-worker", "latest"));
-        assert_eq!(split_tag("localhost:5000/zerg-worker:x"), ("localhost:5000/zerg-worker", "x"));
+        assert_eq!(
+            split_tag("localhost:5000/zerg-worker"),
+            ("localhost:5000/zerg-worker", "latest")
+        );
+        assert_eq!(
+            split_tag("localhost:5000/zerg-worker:x"),
+            ("localhost:5000/zerg-worker", "x")
+        );
     }
 
     #[test]
@@ -721,10 +902,23 @@ mod tests {
         assert_eq!(real, d.join("usr/bin/dash"));
         r.host_path(&d.join("usr/bin/ash")).unwrap();
         let rel = |p: &str| d.strip_prefix("/").unwrap().join(p);
-        assert_eq!(r.nodes[&rel("bin")], Node::Symlink { target: "usr/bin".into() });
-        assert_eq!(r.nodes[&rel("usr/bin/sh")], Node::Symlink { target: "dash".into() });
+        assert_eq!(
+            r.nodes[&rel("bin")],
+            Node::Symlink {
+                target: "usr/bin".into()
+            }
+        );
+        assert_eq!(
+            r.nodes[&rel("usr/bin/sh")],
+            Node::Symlink {
+                target: "dash".into()
+            }
+        );
         assert!(matches!(r.nodes[&rel("usr/bin/dash")], Node::File { .. }));
-        assert_eq!(r.hardlinks().get(&rel("usr/bin/dash")), Some(&rel("usr/bin/ash")));
+        assert_eq!(
+            r.hardlinks().get(&rel("usr/bin/dash")),
+            Some(&rel("usr/bin/ash"))
+        );
 
         // The archive lists what the host's tar expects.
         r.data("etc/passwd", "root:x:0:0::/:/bin/sh\n".into(), 0o644);
@@ -732,8 +926,16 @@ mod tests {
         assert_eq!(tar.len() % 512, 0);
         let file = d.join("out.tar");
         fs::write(&file, &tar).unwrap();
-        let out = std::process::Command::new("tar").arg("-tvf").arg(&file).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("tar")
+            .arg("-tvf")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(listing.contains("bin -> usr/bin"), "{listing}");
         assert!(listing.contains("usr/bin/dash link to"), "{listing}");
@@ -742,7 +944,11 @@ mod tests {
         let h1 = r.content_hash().unwrap();
         assert_eq!(h1, r.content_hash().unwrap());
         fs::write(d.join("usr/bin/dash"), "#!changed").unwrap();
-        assert_ne!(h1, r.content_hash().unwrap(), "file bytes are part of the hash");
+        assert_ne!(
+            h1,
+            r.content_hash().unwrap(),
+            "file bytes are part of the hash"
+        );
     }
 
     #[test]
@@ -776,14 +982,29 @@ mod tests {
         let tar = dockerfile_context(&agent, &[extra]).unwrap();
         let file = dir.path().join("ctx.tar");
         fs::write(&file, &tar).unwrap();
-        let out = std::process::Command::new("tar").arg("-tf").arg(&file).output().unwrap();
+        let out = std::process::Command::new("tar")
+            .arg("-tf")
+            .arg(&file)
+            .output()
+            .unwrap();
         let listing = String::from_utf8_lossy(&out.stdout);
         for want in ["Dockerfile", "zerg-worker-agent", "extra/fake-claude"] {
-            assert!(listing.lines().any(|l| l == want), "{want} missing: {listing}");
+            assert!(
+                listing.lines().any(|l| l == want),
+                "{want} missing: {listing}"
+            );
         }
-        let df = std::process::Command::new("tar").arg("-xOf").arg(&file).arg("Dockerfile").output().unwrap();
+        let df = std::process::Command::new("tar")
+            .arg("-xOf")
+            .arg(&file)
+            .arg("Dockerfile")
+            .output()
+            .unwrap();
         let df = String::from_utf8_lossy(&df.stdout);
-        assert!(df.contains("COPY extra/fake-claude /usr/local/bin/fake-claude"), "{df}");
+        assert!(
+            df.contains("COPY extra/fake-claude /usr/local/bin/fake-claude"),
+            "{df}"
+        );
         assert!(df.contains("USER 10001:10001"));
     }
 
@@ -812,17 +1033,36 @@ mod tests {
         };
         let id = build(&opts).await.unwrap();
         let started = std::time::Instant::now();
-        assert_eq!(build(&opts).await.unwrap(), id, "an unchanged rebuild is cached");
+        assert_eq!(
+            build(&opts).await.unwrap(),
+            id,
+            "an unchanged rebuild is cached"
+        );
         assert!(started.elapsed() < Duration::from_secs(20));
 
-        let script = "git --version && echo ok && id -u && true && ls /usr/local/bin && zerg-worker-agent";
+        let script =
+            "git --version && echo ok && id -u && true && ls /usr/local/bin && zerg-worker-agent";
         let out = run_in(&docker, &opts.tag, &["sh", "-c", script]).await;
         assert!(out.0 == 0, "exit {}: {}", out.0, out.1);
-        for want in ["git version", "ok\n", "10001\n", "zerg-worker-agent", "agent-ok"] {
+        for want in [
+            "git version",
+            "ok\n",
+            "10001\n",
+            "zerg-worker-agent",
+            "agent-ok",
+        ] {
             assert!(out.1.contains(want), "{want:?} missing from {:?}", out.1);
         }
         let _ = docker
-            .remove_image(&opts.tag, Some(bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build()), None)
+            .remove_image(
+                &opts.tag,
+                Some(
+                    bollard::query_parameters::RemoveImageOptionsBuilder::new()
+                        .force(true)
+                        .build(),
+                ),
+                None,
+            )
             .await;
     }
 
@@ -846,13 +1086,18 @@ mod tests {
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
             other => panic!("wait: {other:?}"),
         };
-        let opts = bollard::query_parameters::LogsOptionsBuilder::new().stdout(true).stderr(true).build();
+        let opts = bollard::query_parameters::LogsOptionsBuilder::new()
+            .stdout(true)
+            .stderr(true)
+            .build();
         let mut logs = std::pin::pin!(docker.logs(&id, Some(opts)));
         let mut text = String::new();
         while let Some(Ok(chunk)) = logs.next().await {
             text.push_str(&chunk.to_string());
         }
-        let rm = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+        let rm = bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .build();
         let _ = docker.remove_container(&id, Some(rm)).await;
         (code, text)
     }

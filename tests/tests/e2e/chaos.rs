@@ -1,1 +1,376 @@
-use zerg_tests as _;
+//! Chaos tests (FR-1 to FR-6, FR-8): a rush with nobody watching must finish, with every
+//! task completed and every Task-ID on staging exactly once.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use zerg_tests::*;
+
+const T: Duration = Duration::from_secs(180);
+
+/// Asserts the end state every chaos test shares.
+fn assert_complete_exactly_once(d: &Daemon, repo: &TestRepo, feature: &str) -> Value {
+    let st = d.wait_end(&repo.path, feature, T);
+    assert_eq!(
+        st["state"],
+        "complete",
+        "rush did not complete: {}\n{}",
+        serde_json::to_string_pretty(&st).unwrap(),
+        d.log()
+    );
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    assert_eq!(
+        repo.task_ids_on(&format!("zerg/{feature}/staging")),
+        graph_12_ids(),
+        "each Task-ID exactly once on staging"
+    );
+    check_monitor_log(&repo.path);
+    st
+}
+
+/// Every monitor.log line has the seed's form:
+/// `2026-02-03T05:41:55.123Z [W0] [INFO] Worker 0 claimed task A-L1-002`.
+fn check_monitor_log(repo: &Path) {
+    let text = std::fs::read_to_string(repo.join(".zerg/monitor.log")).expect("monitor.log exists");
+    assert!(!text.is_empty());
+    for line in text.lines() {
+        let (ts, rest) = line
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("no timestamp: {line}"));
+        let b = ts.as_bytes();
+        assert_eq!(b.len(), 24, "timestamp {ts} in {line}");
+        let shape_ok = ts.chars().enumerate().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            10 => c == 'T',
+            13 | 16 => c == ':',
+            19 => c == '.',
+            23 => c == 'Z',
+            _ => c.is_ascii_digit(),
+        });
+        assert!(shape_ok, "timestamp {ts} in {line}");
+        let (tag, rest) = rest
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("no tag: {line}"));
+        let tag_ok = tag == "[orchestrator]"
+            || (tag.starts_with("[W")
+                && tag.ends_with(']')
+                && tag[2..tag.len() - 1].chars().all(|c| c.is_ascii_digit())
+                && tag.len() > 3);
+        assert!(tag_ok, "tag {tag} in {line}");
+        let (level, msg) = rest
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("no level: {line}"));
+        assert!(
+            matches!(level, "[INFO]" | "[WARN]" | "[ERROR]"),
+            "level {level} in {line}"
+        );
+        assert!(!msg.trim().is_empty(), "empty message: {line}");
+    }
+    // The events file carries the same events as JSON lines.
+    let events = std::fs::read_dir(repo.join(".zerg/state"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with("-events.jsonl"))
+        .expect("events file");
+    for line in std::fs::read_to_string(events.path()).unwrap().lines() {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON line {line}: {e}"));
+        assert!(
+            v["timestamp"].is_string() && v["type"].is_string() && v["data"].is_object(),
+            "{line}"
+        );
+    }
+}
+
+fn monitor(repo: &TestRepo) -> String {
+    std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap_or_default()
+}
+
+/// The pid of the worker currently running `task`.
+fn worker_running(st: &Value, task: &str) -> Option<i32> {
+    st["workers"]
+        .as_object()?
+        .values()
+        .find(|w| w["current_task"] == task && w["status"] == "running")
+        .and_then(|w| w["pid"].as_i64())
+        .map(|p| p as i32)
+}
+
+fn wait_file(path: &Path) {
+    let deadline = Instant::now() + T;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kill_9_of_a_worker_agent_mid_task_requeues_its_task() {
+    let repo = TestRepo::new();
+    let signal = repo.path.parent().unwrap().join("mid-task");
+    repo.write_graph("k9", &graph_12("k9"));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script(
+        "k9",
+        &json!({"tasks": {"G-L2-002": {"attempts": [
+            [{"op": "touch", "path": signal}, {"op": "tick", "count": 600, "interval_ms": 100}],
+            [{"op": "write_owned"}]
+        ]}}}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "k9", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    wait_file(&signal);
+    let st = d.wait_for(&repo.path, "k9", T, "G-L2-002 running", |s| {
+        worker_running(s, "G-L2-002").is_some()
+    });
+    let pid = worker_running(&st, "G-L2-002").unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+
+    let st = assert_complete_exactly_once(&d, &repo, "k9");
+    let t = &st["tasks"]["G-L2-002"];
+    assert_eq!(t["crashes"], 1, "{t}");
+    assert_eq!(t["attempts"], 1, "a crash is not a failed attempt: {t}");
+    assert!(st["resilience"]["task_reassignments"].as_u64().unwrap() >= 1);
+    assert!(st["resilience"]["worker_respawns"].as_u64().unwrap() >= 1);
+    let log = monitor(&repo);
+    assert!(log.contains("crashed: signal 9"), "{log}");
+    assert!(log.contains("reason worker_crash"), "{log}");
+}
+
+#[test]
+fn kill_9_of_zergd_twice_mid_rush_then_restart() {
+    let repo = TestRepo::new();
+    repo.write_graph("zk", &graph_12("zk"));
+    repo.write_config(FAST_WORKERS);
+    // Every task takes a while and prints as it goes.
+    repo.write_script("zk", &json!({"default": [{"op": "tick", "count": 6, "interval_ms": 100}, {"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "zk", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    d.wait_for(&repo.path, "zk", T, "2 tasks complete", |s| {
+        tasks_with(s, "complete").len() >= 2
+    });
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(700));
+    d.restart();
+    d.wait_for(&repo.path, "zk", T, "6 tasks complete", |s| {
+        tasks_with(s, "complete").len() >= 6
+    });
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    d.restart();
+    let st = assert_complete_exactly_once(&d, &repo, "zk");
+    // No completed task was redone: one lease per task except the ones interrupted mid-flight.
+    let log = monitor(&repo);
+    assert_eq!(
+        log.matches("zergd restarted; resuming rush zk").count(),
+        2,
+        "{log}"
+    );
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(repo.path.join(".zerg/state/zk.json")).unwrap())
+            .unwrap();
+    for (id, t) in state["tasks"].as_object().unwrap() {
+        assert!(
+            t["leases"].as_u64().unwrap() <= 2,
+            "task {id} leased too often: {t}"
+        );
+    }
+    let _ = st;
+    // Workers were re-adopted across the restarts, not killed and replaced.
+    assert!(log.contains("reconnected after zergd restart"), "{log}");
+}
+
+#[test]
+fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
+    let repo = TestRepo::new();
+    let signal = repo.path.parent().unwrap().join("stopped");
+    repo.write_graph("ss", &graph_12("ss"));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script("ss", &json!({"tasks": {"G-L1-003": {"attempts": [
+        [{"op": "touch", "path": signal}, {"op": "tick", "count": 100, "interval_ms": 50}, {"op": "write_owned"}],
+        [{"op": "write_owned"}]
+    ]}}}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "ss", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    wait_file(&signal);
+    let st = d.wait_for(&repo.path, "ss", T, "G-L1-003 running", |s| {
+        worker_running(s, "G-L1-003").is_some()
+    });
+    let pid = worker_running(&st, "G-L1-003").unwrap();
+    killpg(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    // Past the stale threshold (2 s), zergd declares the worker stale and reassigns its task.
+    d.wait_for(&repo.path, "ss", T, "stale detection", |s| {
+        s["resilience"]["stale_detections"].as_u64().unwrap_or(0) >= 1
+    });
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
+    let st = assert_complete_exactly_once(&d, &repo, "ss");
+    assert!(!alive(pid), "the stopped worker was not killed");
+    assert!(st["tasks"]["G-L1-003"]["crashes"].as_u64().unwrap() >= 1);
+    assert!(monitor(&repo).contains("is stale: no heartbeat"));
+}
+
+#[test]
+fn a_spawn_that_fails_twice_then_succeeds() {
+    let repo = TestRepo::new();
+    repo.write_graph("sp", &graph_12("sp"));
+    repo.write_config(FAST_WORKERS);
+    let dir = repo.path.parent().unwrap();
+    let counter = dir.join("spawn-count");
+    let wrapper = dir.join("flaky-agent.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nn=$(cat '{c}' 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > '{c}'\nif [ $n -le 2 ]; then echo \"simulated spawn failure $n\" >&2; exit 1; fi\nexec '{agent}'\n",
+            c = counter.display(),
+            agent = bin("zerg-worker-agent").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::start_with_env(vec![(
+        "ZERG_WORKER_AGENT_BIN".into(),
+        wrapper.to_string_lossy().to_string(),
+    )]);
+    let out = d.ctl_in(&repo.path, &["rush", "sp", "--workers", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "sp");
+    assert_eq!(st["resilience"]["spawn_retries"], 2);
+    let log = monitor(&repo);
+    assert!(log.contains("spawn attempt 1 of 4 failed"), "{log}");
+    assert!(log.contains("spawn attempt 2 of 4 failed"), "{log}");
+    assert!(!log.contains("spawn attempt 3 of 4 failed"), "{log}");
+}
+
+#[test]
+fn spawns_that_always_fail_end_the_rush_with_an_actionable_error() {
+    let repo = TestRepo::new();
+    repo.write_graph("nf", &graph_12("nf"));
+    repo.write_config(FAST_WORKERS);
+    let d = Daemon::start_with_env(vec![(
+        "ZERG_WORKER_AGENT_BIN".into(),
+        "/nonexistent/zerg-worker-agent".into(),
+    )]);
+    let out = d.ctl_in(&repo.path, &["rush", "nf", "--workers", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let st = d.status(&repo.path, "nf").unwrap();
+    assert_eq!(st["state"], "failed");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("/nonexistent/zerg-worker-agent"),
+        "{reason}"
+    );
+    assert!(reason.contains("ZERG_WORKER_AGENT_BIN"), "{reason}");
+    assert_eq!(
+        st["resilience"]["spawn_retries"], 6,
+        "3 retries for each of 2 workers"
+    );
+}
+
+#[test]
+fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
+    let repo = TestRepo::new();
+    repo.write_graph("hang", &graph_12("hang"));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script(
+        "hang",
+        &json!({"tasks": {"G-L1-001": {"attempts": [[{"op": "hang"}], [{"op": "write_owned"}]]}}}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "hang", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "hang");
+    let t = &st["tasks"]["G-L1-001"];
+    assert_eq!(t["attempts"], 2, "the hung attempt counts: {t}");
+    assert!(st["resilience"]["stale_detections"].as_u64().unwrap() >= 1);
+    let log = monitor(&repo);
+    assert!(log.contains("made no progress"), "{log}");
+    assert!(log.contains("failing it with reason timeout"), "{log}");
+}
+
+#[test]
+fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() {
+    let repo = TestRepo::new();
+    repo.write_graph("rl", &graph_12("rl"));
+    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 0\n"));
+    repo.write_script("rl", &json!({"tasks": {"G-L1-002": {"attempts": [[{"op": "rate_limit", "reset_in_secs": 2}], [{"op": "write_owned"}]]}}}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "rl", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_for(&repo.path, "rl", T, "rate-limited status", |s| {
+        s["rate_limited_until"]
+            .as_str()
+            .is_some_and(|x| !x.is_empty())
+            || s["state"] != "running"
+    });
+    assert!(
+        !st["rate_limited_until"].as_str().unwrap_or("").is_empty(),
+        "{st}"
+    );
+    let text = String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "rl"]).stdout).to_string();
+    assert!(
+        text.contains("Rate-limited until") || text.contains("COMPLETE"),
+        "{text}"
+    );
+    // With retry_attempts 0 a counted failure would fail the rush: the rate limit must not count.
+    let st = assert_complete_exactly_once(&d, &repo, "rl");
+    assert_eq!(st["tasks"]["G-L1-002"]["attempts"], 1);
+    assert!(monitor(&repo).contains("usage limit"));
+}
+
+#[test]
+fn a_missing_agent_cli_blocks_workers_with_a_clear_reason() {
+    let repo = TestRepo::new();
+    repo.write_graph("miss", &graph_12("miss"));
+    repo.write_config(FAST_WORKERS);
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!("agent:\n  command: [\"/nonexistent/claude\", \"--print\"]\n{FAST_WORKERS}"),
+    )
+    .unwrap();
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "miss", "--workers", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let st = d.status(&repo.path, "miss").unwrap();
+    assert_eq!(st["state"], "failed");
+    assert!(
+        st["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/claude"),
+        "{st}"
+    );
+    assert!(
+        tasks_with(&st, "failed").is_empty(),
+        "no task is blamed for a missing CLI"
+    );
+}

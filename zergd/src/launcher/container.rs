@@ -175,9 +175,28 @@ impl ContainerLauncher {
     async fn remove(&self, id: &str) {
         let opts = RemoveContainerOptionsBuilder::new().force(true).build();
         match self.docker.remove_container(id, Some(opts)).await {
-            Ok(()) => {}
-            // Gone already, or being removed by a concurrent call.
-            Err(e) if matches!(status(&e), Some(404 | 409)) => {}
+            // Gone already.
+            Ok(())
+            | Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {}
+            // Being removed by a concurrent call: wait until it is gone, so callers can rely
+            // on it.
+            Err(DockerError::DockerResponseServerError {
+                status_code: 409, ..
+            }) => {
+                for _ in 0..50 {
+                    let gone = self
+                        .docker
+                        .inspect_container(id, None::<InspectContainerOptions>)
+                        .await
+                        .is_err();
+                    if gone {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
             Err(e) => tracing::warn!(container = id, error = %e, "cannot remove container"),
         }
     }
@@ -330,6 +349,9 @@ impl Launcher for ContainerLauncher {
                 .filter_map(|c| {
                     let labels = c.labels.unwrap_or_default();
                     let (worker_id, generation) = parse_worker_labels(&labels)?;
+                    if c.state == Some(ContainerSummaryStateEnum::REMOVING) {
+                        return None;
+                    }
                     let running = matches!(
                         c.state,
                         Some(

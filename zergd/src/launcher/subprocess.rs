@@ -81,6 +81,11 @@ impl Launcher for SubprocessLauncher {
                     }
                     Err(_) => ExitInfo::Vanished,
                 };
+                // Whatever the worker started (the agent CLI, a verification command) must not
+                // outlive it and keep writing into a worktree that is about to be reused.
+                if let Some(pid) = pid {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
                 on_exit(info);
             });
             Ok(Spawned {
