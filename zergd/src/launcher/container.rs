@@ -264,7 +264,10 @@ impl Launcher for ContainerLauncher {
             let secs = grace.as_secs_f64().ceil().min(i32::MAX as f64) as i32;
             let opts = StopContainerOptionsBuilder::new().t(secs).build();
             // The engine answers once the container is down: give the request the grace period.
-            let docker = this.docker.clone().with_timeout(ENGINE_TIMEOUT + grace);
+            let docker = this
+                .docker
+                .clone()
+                .with_timeout(ENGINE_TIMEOUT.saturating_add(grace));
             match docker.stop_container(&id, Some(opts)).await {
                 Ok(()) => {}
                 // 304: already stopped; 404: gone.

@@ -1,1 +1,1676 @@
-//! Tests of the rush state machine (being written).
+//! Tests of the rush state machine ([`Rush`]) driven with a fake clock and no processes.
+//!
+//! Every input is a method call with an explicit `Instant` and wall time, so hours of timeouts
+//! take no real time. Lease replies travel over real oneshot channels; the replies the machine
+//! queues in [`Effects`] are delivered right after each call, as the actor does after saving.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+use tokio::sync::oneshot::{self, error::TryRecvError};
+use tokio::time::Instant;
+use tonic::{Code, Status};
+use zerg_proto::graph::TaskGraph;
+use zerg_proto::v1;
+use zerg_proto::v1::lease_reply::Outcome;
+
+use super::rush::{Effects, MergeResult, Rush, RushPaths, worker_branch};
+use crate::config::{Config, WorkersConfig};
+use crate::launcher::{ExitInfo, SpawnError, Spawned};
+use crate::monitor::Monitor;
+use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
+
+const FEATURE: &str = "feat";
+const RUSH_ID: &str = "feat-1";
+
+type LeaseRx = oneshot::Receiver<Result<v1::LeaseReply, Status>>;
+
+/// One task of a test graph; it creates `src/<id>.rs`.
+fn task(id: &str, level: u32, deps: &[&str]) -> Value {
+    json!({
+        "id": id,
+        "title": format!("Task {id}"),
+        "description": "does things",
+        "level": level,
+        "dependencies": deps,
+        "files": {"create": [format!("src/{}.rs", id.to_lowercase())], "modify": [], "read": []},
+        "verification": {"command": "true", "timeout_seconds": 30},
+    })
+}
+
+fn graph(tasks: Vec<Value>) -> TaskGraph {
+    let v = json!({"feature": FEATURE, "version": "2.0", "tasks": tasks});
+    match zerg_proto::graph::parse(v.to_string().as_bytes(), Path::new("task-graph.json")) {
+        Ok(v) => v.graph,
+        Err(e) => panic!("test graph is invalid: {e}"),
+    }
+}
+
+/// The default config with some `workers:` keys changed.
+fn config(f: impl FnOnce(&mut WorkersConfig)) -> Config {
+    let mut c = Config::default();
+    f(&mut c.workers);
+    c
+}
+
+/// Asserts that `d` is `nominal_secs` with at most ±10 % jitter.
+#[track_caller]
+fn assert_jittered(d: Duration, nominal_secs: f64) {
+    let s = d.as_secs_f64();
+    assert!(
+        s >= nominal_secs * 0.9 - 1e-6 && s <= nominal_secs * 1.1 + 1e-6,
+        "delay {s}s is not {nominal_secs}s ±10 %"
+    );
+}
+
+fn stopped(fx: &Effects) -> Vec<u32> {
+    fx.stop.iter().map(|(w, _, _)| *w).collect()
+}
+
+/// A rush plus a fake clock and the lease channels of the fake agents.
+struct H {
+    r: Rush,
+    now: Instant,
+    wall: SystemTime,
+    leases: BTreeMap<u32, LeaseRx>,
+}
+
+impl H {
+    /// A rush as `jobs::prepare_fresh` builds it, not started yet.
+    fn new(tasks: Vec<Value>, workers: u32, config: Config) -> H {
+        let graph = graph(tasks);
+        let paths = RushPaths::new(PathBuf::from("/nonexistent/repo"), FEATURE);
+        let mut doc = StateDoc {
+            format_version: FORMAT_VERSION,
+            feature: FEATURE.into(),
+            rush: RushMeta {
+                rush_id: RUSH_ID.into(),
+                repo: "/nonexistent/repo".into(),
+                mode: "subprocess".into(),
+                workers,
+                state: "pending".into(),
+                base_branch: "main".into(),
+                base_commit: "base".into(),
+                staging_head: "base".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for t in &graph.tasks {
+            doc.tasks.insert(
+                t.id.clone(),
+                TaskState {
+                    status: "pending".into(),
+                    level: Some(t.level),
+                    title: t.title.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+        for l in graph.levels().keys() {
+            doc.levels.insert(
+                l.to_string(),
+                LevelState {
+                    status: "pending".into(),
+                    merge_status: "pending".into(),
+                    ..Default::default()
+                },
+            );
+        }
+        for w in 0..workers {
+            doc.workers.insert(
+                w.to_string(),
+                WorkerState {
+                    worker_id: w,
+                    status: "starting".into(),
+                    worktree_path: paths.worker_worktree(w).to_string_lossy().into_owned(),
+                    branch: worker_branch(FEATURE, w),
+                    accepted_head: "base".into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let now = Instant::now();
+        let r = Rush {
+            doc,
+            graph,
+            config,
+            paths,
+            spec_context: "feature context".into(),
+            rt_tasks: HashMap::new(),
+            rt_workers: BTreeMap::new(),
+            monitor: Monitor::disabled(FEATURE),
+            dirty: false,
+            merging: false,
+            next_reconcile: now,
+            escalations: vec![],
+            messages: vec![],
+            brake_at: None,
+        };
+        H {
+            r,
+            now,
+            wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            leases: BTreeMap::new(),
+        }
+    }
+
+    // --- clock ---
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.wall += d;
+    }
+
+    fn advance_to(&mut self, t: Instant) {
+        assert!(t >= self.now, "the fake clock only moves forward");
+        let d = t - self.now;
+        self.advance(d);
+    }
+
+    fn wall_ms(&self) -> i64 {
+        crate::clock::unix_millis(self.wall)
+    }
+
+    // --- driving the machine ---
+
+    /// Runs one input and delivers the replies it queued (as the actor does after saving).
+    fn run(&mut self, f: impl FnOnce(&mut Rush, Instant, SystemTime, &mut Effects)) -> Effects {
+        let mut fx = Effects::default();
+        f(&mut self.r, self.now, self.wall, &mut fx);
+        for reply in fx.replies.drain(..) {
+            reply();
+        }
+        fx
+    }
+
+    fn start(&mut self) -> Effects {
+        self.run(|r, now, wall, fx| r.start(now, wall, fx))
+    }
+
+    fn tick_next(&mut self) -> (Effects, Option<Instant>) {
+        let mut next = None;
+        let fx = self.run(|r, now, wall, fx| next = r.tick(now, wall, fx));
+        (fx, next)
+    }
+
+    fn tick(&mut self) -> Effects {
+        self.tick_next().0
+    }
+
+    fn stop(&mut self, force: bool) -> (Effects, u32) {
+        let mut n = 0;
+        let fx = self.run(|r, now, wall, fx| n = r.stop(force, now, wall, fx));
+        (fx, n)
+    }
+
+    fn retry(&mut self) -> (Effects, Vec<String>) {
+        let mut ids = vec![];
+        let fx = self.run(|r, now, wall, fx| {
+            ids = r.retry(&[], false, now, wall, fx).expect("retry accepted");
+        });
+        (fx, ids)
+    }
+
+    fn generation(&self, w: u32) -> u64 {
+        self.worker(w).generation
+    }
+
+    fn wref(&self, w: u32) -> v1::WorkerRef {
+        v1::WorkerRef {
+            rush_id: RUSH_ID.into(),
+            worker_id: w,
+            generation: self.generation(w),
+        }
+    }
+
+    /// The launcher reports that the current generation of slot `w` started.
+    fn spawned(&mut self, w: u32) -> Effects {
+        let generation = self.generation(w);
+        let sp = Spawned {
+            pid: Some(1000 + w as i32),
+            start_time: None,
+            container_id: None,
+        };
+        self.run(|r, now, wall, fx| r.on_spawned(w, generation, Ok(sp), now, wall, fx))
+    }
+
+    /// The launcher reports that the current spawn of slot `w` failed.
+    fn spawn_failed(&mut self, w: u32, message: &str) -> Effects {
+        let generation = self.generation(w);
+        let err = SpawnError::new(message);
+        self.run(|r, now, wall, fx| r.on_spawned(w, generation, Err(err), now, wall, fx))
+    }
+
+    fn register(&mut self, w: u32) {
+        let req = v1::RegisterRequest {
+            worker: Some(self.wref(w)),
+            pid: 1000 + w as i32,
+            ..Default::default()
+        };
+        if let Err(e) = self.r.on_register(req, self.now, self.wall) {
+            panic!("worker {w} could not register: {e:?}");
+        }
+    }
+
+    /// Worker `w` asks for work; the reply (now or later) is read with [`H::reply`].
+    fn lease_as(&mut self, w: u32, worker: v1::WorkerRef) -> Effects {
+        let (tx, rx) = oneshot::channel();
+        self.leases.insert(w, rx);
+        let req = v1::LeaseRequest {
+            worker: Some(worker),
+        };
+        self.run(|r, now, wall, fx| r.on_lease(req, tx, now, wall, fx))
+    }
+
+    fn lease(&mut self, w: u32) -> Effects {
+        let me = self.wref(w);
+        self.lease_as(w, me)
+    }
+
+    /// The lease reply worker `w` received, if any yet.
+    fn reply(&mut self, w: u32) -> Option<Result<v1::LeaseReply, Status>> {
+        let rx = self.leases.get_mut(&w)?;
+        match rx.try_recv() {
+            Ok(v) => {
+                self.leases.remove(&w);
+                Some(v)
+            }
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Closed) => {
+                self.leases.remove(&w);
+                None
+            }
+        }
+    }
+
+    #[track_caller]
+    fn leased(&mut self, w: u32) -> v1::Task {
+        match self.reply(w) {
+            Some(Ok(v1::LeaseReply {
+                outcome: Some(Outcome::Task(t)),
+            })) => t,
+            other => panic!("worker {w} expected a task, got {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn done(&mut self, w: u32) -> String {
+        match self.reply(w) {
+            Some(Ok(v1::LeaseReply {
+                outcome: Some(Outcome::Done(d)),
+            })) => d.reason,
+            other => panic!("worker {w} expected Done, got {other:?}"),
+        }
+    }
+
+    /// The fake agent of slot `w` starts, registers and asks for work. Returns the task if
+    /// one was handed out at once (otherwise the request stays parked).
+    #[track_caller]
+    fn join(&mut self, w: u32) -> Option<v1::Task> {
+        self.spawned(w);
+        self.register(w);
+        self.lease(w);
+        match self.reply(w) {
+            None => None,
+            Some(Ok(v1::LeaseReply {
+                outcome: Some(Outcome::Task(t)),
+            })) => Some(t),
+            other => panic!("worker {w} expected a task or nothing, got {other:?}"),
+        }
+    }
+
+    fn complete_req(&self, w: u32, t: &v1::Task) -> v1::CompleteRequest {
+        v1::CompleteRequest {
+            worker: Some(self.wref(w)),
+            lease_id: t.lease_id.clone(),
+            task_id: t.id.clone(),
+            commit: format!("c-{}", t.id),
+            duration_ms: 1000,
+            ..Default::default()
+        }
+    }
+
+    fn try_complete(&mut self, req: v1::CompleteRequest) -> Result<Effects, Status> {
+        let mut res = Ok(());
+        let fx = self.run(|r, now, wall, fx| res = r.on_complete(req, now, wall, fx));
+        res.map(|()| fx)
+    }
+
+    #[track_caller]
+    fn complete(&mut self, w: u32, t: &v1::Task) -> Effects {
+        let req = self.complete_req(w, t);
+        match self.try_complete(req) {
+            Ok(fx) => fx,
+            Err(e) => panic!("complete of {} refused: {e:?}", t.id),
+        }
+    }
+
+    fn fail_req(&self, w: u32, t: &v1::Task, kind: &str) -> v1::FailRequest {
+        v1::FailRequest {
+            worker: Some(self.wref(w)),
+            lease_id: t.lease_id.clone(),
+            task_id: t.id.clone(),
+            kind: kind.into(),
+            message: format!("{kind} on {}", t.id),
+            ..Default::default()
+        }
+    }
+
+    fn try_fail(&mut self, req: v1::FailRequest) -> Result<Effects, Status> {
+        let mut res = Ok(());
+        let fx = self.run(|r, now, wall, fx| res = r.on_fail(req, now, wall, fx));
+        res.map(|()| fx)
+    }
+
+    #[track_caller]
+    fn fail_with(&mut self, req: v1::FailRequest) -> Effects {
+        let id = req.task_id.clone();
+        match self.try_fail(req) {
+            Ok(fx) => fx,
+            Err(e) => panic!("fail of {id} refused: {e:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn fail(&mut self, w: u32, t: &v1::Task, kind: &str) -> Effects {
+        let req = self.fail_req(w, t, kind);
+        self.fail_with(req)
+    }
+
+    fn heartbeat_as(
+        &mut self,
+        worker: v1::WorkerRef,
+        t: Option<&v1::Task>,
+        step: &str,
+        last_output_ms: i64,
+    ) -> Result<(), Status> {
+        let req = v1::HeartbeatRequest {
+            worker: Some(worker),
+            lease_id: t.map(|t| t.lease_id.clone()).unwrap_or_default(),
+            task_id: t.map(|t| t.id.clone()).unwrap_or_default(),
+            step: step.into(),
+            progress_pct: 50,
+            timestamp_ms: self.wall_ms(),
+            last_output_ms,
+        };
+        self.r.on_heartbeat(req, self.now, self.wall)
+    }
+
+    #[track_caller]
+    fn heartbeat(&mut self, w: u32, t: Option<&v1::Task>, step: &str, last_output_ms: i64) {
+        let me = self.wref(w);
+        if let Err(e) = self.heartbeat_as(me, t, step, last_output_ms) {
+            panic!("heartbeat of worker {w} refused: {e:?}");
+        }
+    }
+
+    /// The current generation of slot `w` ended.
+    fn exit(&mut self, w: u32, info: ExitInfo) -> Effects {
+        let generation = self.generation(w);
+        self.run(|r, now, wall, fx| r.on_exit(w, generation, info, now, wall, fx))
+    }
+
+    fn merge_result(&mut self, level: u32, result: MergeResult) -> Effects {
+        self.run(|r, now, wall, fx| r.on_merged(level, result, now, wall, fx))
+    }
+
+    /// The git job merged `level` into staging as `sha-L<level>`.
+    fn merge(&mut self, level: u32) -> Effects {
+        self.merge_result(level, MergeResult::Merged(format!("sha-L{level}")))
+    }
+
+    // --- reading state ---
+
+    #[track_caller]
+    fn task(&self, id: &str) -> &TaskState {
+        &self.r.doc.tasks[id]
+    }
+
+    #[track_caller]
+    fn worker(&self, w: u32) -> &WorkerState {
+        &self.r.doc.workers[&w.to_string()]
+    }
+
+    fn reason(&self, w: u32) -> String {
+        self.worker(w).reason.clone().unwrap_or_default()
+    }
+
+    fn logged(&self, kind: &str) -> bool {
+        self.r.doc.execution_log.iter().any(|e| e.event == kind)
+    }
+}
+
+// === 1, 2: levels, leases, merges, work stealing ===
+
+#[test]
+fn happy_path_runs_level_by_level_and_completes() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L1-003", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-001"]),
+            task("A-L2-002", 2, &["A-L1-002", "A-L1-003"]),
+        ],
+        2,
+        config(|_| {}),
+    );
+    let fx = h.start();
+    assert_eq!(fx.spawn, vec![(0, 1), (1, 1)]);
+    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.doc.current_level, 1);
+    assert_eq!(h.r.doc.levels["1"].status, "running");
+    assert_eq!(h.r.doc.levels["2"].status, "pending");
+
+    let a = h.join(0).expect("worker 0 gets a task");
+    let b = h.join(1).expect("worker 1 gets a task");
+    assert_eq!((a.id.as_str(), b.id.as_str()), ("A-L1-001", "A-L1-002"));
+    assert_eq!(a.level, 1);
+    assert_eq!(a.lease_id, "A-L1-001#1");
+    assert_eq!(a.attempt, 1);
+    assert_eq!(a.base_commit, "base");
+    assert_eq!(a.files_create, vec!["src/a-l1-001.rs".to_string()]);
+    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").worker_id, Some(0));
+    assert_eq!(h.worker(0).status, "running");
+    assert_eq!(h.worker(0).current_task.as_deref(), Some("A-L1-001"));
+    // Level 2 is not leasable while level 1 is open.
+    assert_eq!(h.r.ready_tasks(), vec!["A-L1-003".to_string()]);
+
+    let fx = h.complete(0, &a);
+    assert!(fx.merge.is_none(), "level 1 still has open tasks");
+    assert_eq!(h.task("A-L1-001").status, "complete");
+    assert_eq!(h.task("A-L1-001").commit.as_deref(), Some("c-A-L1-001"));
+    assert_eq!(h.worker(0).accepted_head, "c-A-L1-001");
+    h.lease(0);
+    let c = h.leased(0);
+    assert_eq!(c.id, "A-L1-003");
+    assert_eq!(
+        c.base_commit, "c-A-L1-001",
+        "a worker continues from its own commits"
+    );
+
+    let fx = h.complete(1, &b);
+    assert!(fx.merge.is_none(), "A-L1-003 is still running");
+    h.lease(1);
+    assert!(
+        h.reply(1).is_none(),
+        "nothing of level 1 is ready and level 2 is not open"
+    );
+    assert_eq!(h.task("A-L2-001").status, "pending");
+    assert_eq!(h.task("A-L2-002").status, "pending");
+
+    let fx = h.complete(0, &c);
+    let job = fx
+        .merge
+        .expect("level 1 merge once all its tasks are terminal");
+    assert_eq!(job.level, 1);
+    let heads: Vec<(u32, String)> = job
+        .heads
+        .iter()
+        .map(|(w, _, head)| (*w, head.clone()))
+        .collect();
+    assert_eq!(
+        heads,
+        vec![(0, "c-A-L1-003".to_string()), (1, "c-A-L1-002".to_string())]
+    );
+    assert_eq!(h.r.doc.levels["1"].merge_status, "merging");
+    h.lease(0);
+    assert!(h.reply(0).is_none(), "no dispatch while the level merges");
+    assert!(h.reply(1).is_none(), "no dispatch while the level merges");
+
+    let fx = h.merge(1);
+    assert!(fx.merge.is_none());
+    assert_eq!(h.r.doc.levels["1"].status, "complete");
+    assert_eq!(h.r.doc.levels["1"].merge_status, "complete");
+    assert_eq!(h.r.doc.levels["1"].merge_commit.as_deref(), Some("sha-L1"));
+    assert_eq!(h.r.doc.rush.staging_head, "sha-L1");
+    assert_eq!(h.r.doc.current_level, 2);
+    assert_eq!(h.r.doc.levels["2"].status, "running");
+    // Both parked workers get level 2 work in the same call, based on the merged staging.
+    let d = h.leased(0);
+    let e = h.leased(1);
+    assert_eq!((d.id.as_str(), e.id.as_str()), ("A-L2-001", "A-L2-002"));
+    assert_eq!(d.base_commit, "sha-L1");
+    assert_eq!(e.base_commit, "sha-L1");
+
+    assert!(h.complete(0, &d).merge.is_none());
+    h.lease(0);
+    let job = h.complete(1, &e).merge.expect("level 2 merge");
+    assert_eq!(job.level, 2);
+    h.lease(1);
+
+    let fx = h.merge(2);
+    assert_eq!(h.r.state(), "complete");
+    assert!(h.r.is_terminal());
+    assert_eq!(h.r.doc.rush.reason, "");
+    assert_eq!(h.r.doc.error, None);
+    assert_eq!(h.r.doc.levels["2"].status, "complete");
+    assert_eq!(h.r.doc.rush.staging_head, "sha-L2");
+    assert!(h.r.doc.tasks.values().all(|t| t.status == "complete"));
+    assert!(fx.cleanup);
+    assert_eq!(stopped(&fx), vec![0, 1]);
+    assert!(h.done(0).contains("complete"));
+    assert!(h.done(1).contains("complete"));
+    assert_eq!(h.worker(0).tasks_completed, 3);
+    assert_eq!(h.worker(1).tasks_completed, 2);
+
+    // Exit 0 because no work is left: done, not respawned.
+    let fx = h.exit(0, ExitInfo::Code(0));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).status, "done");
+    assert_eq!(h.r.doc.rush.resilience.worker_respawns, 0);
+    assert!(h.tick().spawn.is_empty(), "a finished rush has no timers");
+}
+
+#[test]
+fn work_stealing_gives_a_free_worker_the_next_ready_task_at_once() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L1-003", 1, &[]),
+            task("A-L1-004", 1, &[]),
+        ],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    let mut t = h.join(0).expect("task");
+    let slow = h.join(1).expect("task");
+    assert_eq!(slow.id, "A-L1-002");
+    // Worker 1 is slow; worker 0 takes every other task of the level, one after the other.
+    for next in ["A-L1-003", "A-L1-004"] {
+        h.complete(0, &t);
+        h.lease(0);
+        t = h.leased(0);
+        assert_eq!(t.id, next);
+        assert_eq!(h.task("A-L1-002").status, "in_progress");
+        assert_eq!(h.task("A-L1-002").worker_id, Some(1));
+    }
+    h.complete(0, &t);
+    h.lease(0);
+    assert!(h.reply(0).is_none(), "nothing left to steal");
+    assert_eq!(h.worker(0).tasks_completed, 3);
+    let fx = h.complete(1, &slow);
+    assert_eq!(fx.merge.expect("level merge").level, 1);
+}
+
+// === 3: fencing ===
+
+#[test]
+fn stale_leases_and_old_generations_are_refused_and_change_nothing() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    let a = h.join(0).expect("task");
+    let b = h.join(1).expect("task");
+    let before = h.r.doc.clone();
+
+    // A lease id that is not the current one.
+    let old = v1::Task {
+        lease_id: "A-L1-001#0".into(),
+        ..a.clone()
+    };
+    let req = h.complete_req(0, &old);
+    assert_eq!(
+        h.try_complete(req).err().map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    let req = h.fail_req(0, &old, "verification_failed");
+    assert_eq!(
+        h.try_fail(req).err().map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    let me = h.wref(0);
+    assert_eq!(
+        h.heartbeat_as(me, Some(&old), "implementing", 1)
+            .err()
+            .map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    // Another worker's lease.
+    let req = h.complete_req(1, &a);
+    assert_eq!(
+        h.try_complete(req).err().map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    assert_eq!(h.r.doc, before, "refused reports change nothing");
+
+    // Worker 0 crashes; its slot is respawned as generation 2 and the task leased again.
+    let gen1 = h.wref(0);
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    let a2 = h.join(0).expect("the requeued task");
+    assert_eq!(a2.id, "A-L1-001");
+    assert_eq!(a2.lease_id, "A-L1-001#2");
+    let before = h.r.doc.clone();
+    // The old generation can report neither the old lease nor the new one.
+    for lease in [&a, &a2] {
+        let mut req = h.complete_req(0, lease);
+        req.worker = Some(gen1.clone());
+        assert_eq!(
+            h.try_complete(req).err().map(|e| e.code()),
+            Some(Code::FailedPrecondition)
+        );
+        let mut req = h.fail_req(0, lease, "agent_failed");
+        req.worker = Some(gen1.clone());
+        assert_eq!(
+            h.try_fail(req).err().map(|e| e.code()),
+            Some(Code::FailedPrecondition)
+        );
+    }
+    assert_eq!(
+        h.heartbeat_as(gen1.clone(), None, "idle", 0)
+            .err()
+            .map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    h.lease_as(0, gen1);
+    match h.reply(0) {
+        Some(Err(e)) => assert_eq!(e.code(), Code::FailedPrecondition),
+        other => panic!("an old generation's lease must be refused, got {other:?}"),
+    }
+    assert_eq!(h.r.doc, before, "refused reports change nothing");
+    // A spawn result for a superseded generation is stopped at once.
+    let sp = Spawned {
+        pid: Some(4242),
+        start_time: None,
+        container_id: None,
+    };
+    let fx = h.run(|r, now, wall, fx| r.on_spawned(0, 1, Ok(sp.clone()), now, wall, fx));
+    assert_eq!(fx.stop.len(), 1);
+    assert_eq!(fx.stop[0].0, 0);
+    assert_eq!(fx.stop[0].1, sp);
+    assert_eq!(fx.stop[0].2, Duration::ZERO);
+    assert_eq!(
+        h.worker(0).pid,
+        Some(1000),
+        "the live generation keeps its pid"
+    );
+
+    // A duplicate report after completion is refused too (no Task-ID twice).
+    h.complete(1, &b);
+    let req = h.complete_req(1, &b);
+    assert_eq!(
+        h.try_complete(req).err().map(|e| e.code()),
+        Some(Code::FailedPrecondition)
+    );
+    assert_eq!(h.worker(1).tasks_completed, 1);
+}
+
+// === 4: task retries, permanent failure, blocking ===
+
+#[test]
+fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-001"]),
+            task("A-L2-002", 2, &["A-L1-002"]),
+            task("A-L3-001", 3, &["A-L2-001"]),
+        ],
+        2,
+        config(|w| {
+            w.retry_attempts = 2;
+            w.heartbeat_stale_threshold = 10_000.0;
+            w.task_stale_timeout_seconds = 10_000.0;
+        }),
+    );
+    h.start();
+    let mut t = h.join(0).expect("task");
+    let other = h.join(1).expect("task");
+    assert_eq!(t.id, "A-L1-001");
+    for attempt in 1..=2u32 {
+        let fx = h.fail(0, &t, "verification_failed");
+        assert!(fx.merge.is_none());
+        let ts = h.task("A-L1-001");
+        assert_eq!(ts.status, "waiting_retry");
+        assert_eq!(ts.retry_count, attempt);
+        assert!(
+            ts.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("verification_failed")
+        );
+        assert_eq!(ts.lease_id, None);
+        assert!(ts.next_retry_at.is_some());
+        assert_eq!(h.worker(0).status, "ready");
+        // Backoff 30 s · 2^attempt (config defaults), ±10 %.
+        let due = h.r.rt_tasks["A-L1-001"].retry_due.expect("retry scheduled");
+        assert_jittered(due - h.now, 30.0 * 2f64.powi(attempt as i32));
+        h.lease(0);
+        assert!(h.reply(0).is_none(), "not leasable during the backoff");
+        h.advance_to(due - Duration::from_secs(1));
+        h.tick();
+        assert_eq!(h.task("A-L1-001").status, "waiting_retry");
+        assert!(h.reply(0).is_none(), "not leasable during the backoff");
+        h.advance_to(due);
+        h.tick();
+        t = h.leased(0);
+        assert_eq!(t.id, "A-L1-001");
+        assert_eq!(t.attempt, attempt + 1);
+        assert_eq!(t.lease_id, format!("A-L1-001#{}", attempt + 1));
+    }
+
+    // The third failure exhausts retry_attempts (2).
+    h.fail(0, &t, "verification_failed");
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, "failed");
+    assert_eq!(ts.retry_count, 3);
+    assert!(
+        ts.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("failed after 3 attempts")
+    );
+    for dependent in ["A-L2-001", "A-L3-001"] {
+        assert_eq!(h.task(dependent).status, "blocked", "{dependent}");
+        assert_eq!(h.task(dependent).blocked_by, vec!["A-L1-001".to_string()]);
+    }
+    assert_eq!(h.task("A-L2-002").status, "pending");
+    assert!(!h.r.rt_tasks.contains_key("A-L1-001"));
+    assert_eq!(h.r.state(), "running", "independent work is still running");
+
+    // Independent tasks go on: level 1 merges what completed, then A-L2-002 runs.
+    h.lease(0);
+    assert!(h.reply(0).is_none());
+    let fx = h.complete(1, &other);
+    assert_eq!(fx.merge.expect("level 1 merge").level, 1);
+    h.lease(1);
+    h.merge(1);
+    assert_eq!(h.r.doc.levels["1"].status, "failed");
+    assert_eq!(h.r.doc.current_level, 2);
+    let t2 = h.leased(0);
+    assert_eq!(t2.id, "A-L2-002");
+    assert!(h.reply(1).is_none(), "the blocked A-L2-001 is never leased");
+    assert_eq!(h.task("A-L2-001").status, "blocked");
+
+    let fx = h.complete(0, &t2);
+    assert_eq!(fx.merge.expect("level 2 merge").level, 2);
+    let fx = h.merge(2);
+    assert_eq!(h.r.state(), "failed", "level 3 holds only blocked tasks");
+    let reason = &h.r.doc.rush.reason;
+    assert!(reason.contains("A-L1-001"), "{reason}");
+    assert!(reason.contains("2 blocked"), "{reason}");
+    assert!(
+        reason.contains("A-L2-001") && reason.contains("A-L3-001"),
+        "{reason}"
+    );
+    assert_eq!(h.r.doc.error.as_deref(), Some(reason.as_str()));
+    assert!(h.done(1).contains("failed"));
+    assert_eq!(stopped(&fx), vec![0, 1]);
+    assert!(!fx.cleanup);
+}
+
+#[test]
+fn permanent_failure_ends_the_rush_at_once_when_nothing_else_can_run() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-001"]),
+            task("A-L3-001", 3, &["A-L2-001"]),
+        ],
+        2,
+        config(|w| w.retry_attempts = 0),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    assert!(h.join(1).is_none());
+    let fx = h.fail(0, &t, "verification_failed");
+    // The same call ends the rush: no waiting for timers or retries of blocked tasks.
+    assert_eq!(h.r.state(), "failed");
+    assert_eq!(h.task("A-L1-001").status, "failed");
+    assert_eq!(h.task("A-L2-001").status, "blocked");
+    assert_eq!(h.task("A-L3-001").status, "blocked");
+    assert_eq!(h.r.doc.levels["1"].status, "failed");
+    assert!(h.r.doc.rush.reason.contains("A-L1-001"));
+    assert!(!h.r.doc.rush.finished_at.is_empty());
+    assert!(fx.merge.is_none(), "nothing completed, nothing to merge");
+    assert!(fx.spawn.is_empty());
+    assert_eq!(stopped(&fx), vec![0, 1]);
+    assert!(h.done(1).contains("failed"));
+}
+
+// === 5: FR-1 spawn retry ===
+
+#[test]
+fn failed_spawns_retry_with_exponential_backoff_then_the_slot_gives_up() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    assert_eq!(h.start().spawn, vec![(0, 1)]);
+    for attempt in 1..=3u32 {
+        let fx = h.spawn_failed(0, "docker: connection refused");
+        assert!(fx.spawn.is_empty(), "no immediate retry");
+        assert_eq!(h.worker(0).status, "backoff");
+        assert_eq!(h.worker(0).spawn_failures, attempt);
+        assert!(
+            h.reason(0).contains(&format!(
+                "spawn attempt {attempt} failed: docker: connection refused"
+            )),
+            "{}",
+            h.reason(0)
+        );
+        assert_eq!(h.r.doc.rush.resilience.spawn_retries, u64::from(attempt));
+        assert!(h.logged("worker_spawn_retry"));
+        // base 2 s · 2^attempt: about 4, 8, 16 s.
+        let due = h.r.rt_workers[&0].spawn_due.expect("retry scheduled");
+        assert_jittered(due - h.now, 2.0 * 2f64.powi(attempt as i32));
+        h.advance_to(due - Duration::from_millis(100));
+        let (fx, next) = h.tick_next();
+        assert!(fx.spawn.is_empty(), "not before the backoff");
+        assert_eq!(next, Some(due), "the actor is woken when the retry is due");
+        h.advance_to(due);
+        let fx = h.tick();
+        assert_eq!(fx.spawn, vec![(0, u64::from(attempt) + 1)]);
+        assert_eq!(h.worker(0).status, "starting");
+        assert_eq!(h.r.state(), "running");
+    }
+    // The fourth failure (three retries spent) gives the slot up.
+    let fx = h.spawn_failed(0, "docker: connection refused");
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).status, "gave_up");
+    let reason = h.reason(0);
+    assert!(reason.contains("spawn failed 4 times"), "{reason}");
+    assert!(reason.contains("docker: connection refused"), "{reason}");
+    assert!(reason.contains("zergctl retry feat"), "{reason}");
+    assert_eq!(h.r.doc.rush.resilience.spawn_retries, 3);
+    // Every slot gave up with work left: the rush fails and says why.
+    assert_eq!(h.r.state(), "failed");
+    let why = &h.r.doc.rush.reason;
+    assert!(
+        why.contains("no worker can run the remaining tasks"),
+        "{why}"
+    );
+    assert!(why.contains("docker: connection refused"), "{why}");
+    assert!(h.tick().spawn.is_empty());
+}
+
+#[test]
+fn a_spawn_that_fails_twice_then_succeeds_runs_work() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    for _ in 0..2 {
+        h.spawn_failed(0, "transient");
+        let due = h.r.rt_workers[&0].spawn_due.expect("retry scheduled");
+        h.advance_to(due);
+        assert_eq!(h.tick().spawn.len(), 1);
+    }
+    assert_eq!(h.generation(0), 3);
+    let t = h.join(0).expect("task");
+    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(h.worker(0).status, "running");
+    assert_eq!(
+        h.worker(0).spawn_failures,
+        0,
+        "reset once the worker registered"
+    );
+    assert_eq!(h.worker(0).reason, None);
+    assert_eq!(h.r.doc.rush.resilience.spawn_retries, 2);
+    assert_eq!(h.r.doc.rush.resilience.worker_respawns, 0);
+}
+
+#[test]
+fn dying_before_registering_or_never_registering_counts_as_a_failed_spawn() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.spawned(0);
+    let fx = h.exit(0, ExitInfo::Code(1));
+    assert!(fx.spawn.is_empty(), "retried with backoff, not at once");
+    assert_eq!(h.worker(0).status, "backoff");
+    assert_eq!(h.worker(0).spawn_failures, 1);
+    assert!(
+        h.reason(0).contains("before it registered"),
+        "{}",
+        h.reason(0)
+    );
+    assert_eq!(h.r.doc.rush.resilience.spawn_retries, 1);
+    assert_eq!(h.r.doc.rush.resilience.worker_respawns, 0);
+    let due = h.r.rt_workers[&0].spawn_due.expect("retry scheduled");
+    h.advance_to(due);
+    assert_eq!(h.tick().spawn, vec![(0, 2)]);
+
+    // Generation 2 starts but never registers within spawn_ready_timeout_seconds (60).
+    h.spawned(0);
+    h.advance(Duration::from_secs(60));
+    assert!(h.tick().stop.is_empty(), "not before the timeout");
+    h.advance(Duration::from_secs(1));
+    let fx = h.tick();
+    assert_eq!(stopped(&fx), vec![0], "the silent process is killed");
+    assert_eq!(h.worker(0).status, "backoff");
+    assert_eq!(h.worker(0).spawn_failures, 2);
+    assert_eq!(h.r.doc.rush.resilience.spawn_retries, 2);
+    // The exit of the killed process is not counted a second time.
+    let fx = h.exit(0, ExitInfo::Signal(15));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).spawn_failures, 2);
+    assert_eq!(h.worker(0).status, "backoff");
+}
+
+// === 6: FR-5 crash reassignment ===
+
+#[test]
+fn crashed_workers_task_is_reassigned_at_once_and_the_slot_respawned() {
+    for info in [ExitInfo::Code(137), ExitInfo::Signal(9)] {
+        let mut h = H::new(
+            vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
+            2,
+            config(|_| {}),
+        );
+        h.start();
+        let t = h.join(0).expect("task");
+        assert!(h.join(1).is_none(), "worker 1 waits for work");
+
+        let fx = h.exit(0, info);
+        let ts = h.task("A-L1-001");
+        assert_eq!(
+            ts.retry_count, 0,
+            "a crash is not a task failure ({info:?})"
+        );
+        assert_eq!(ts.crashes, 1);
+        assert!(
+            ts.error
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("worker_crash")
+        );
+        // Reassigned to the healthy parked worker in the same call.
+        assert_eq!(ts.status, "in_progress");
+        assert_eq!(ts.worker_id, Some(1));
+        let t2 = h.leased(1);
+        assert_eq!(t2.id, t.id);
+        assert_eq!(t2.attempt, 1);
+        assert_eq!(t2.lease_id, "A-L1-001#2");
+        let c = h.r.doc.rush.resilience;
+        assert_eq!(c.task_reassignments, 1);
+        assert_eq!(c.worker_respawns, 1);
+        assert!(h.logged("worker_crash"));
+        assert!(h.logged("task_reassign"));
+        // The crashed slot is respawned at once.
+        assert_eq!(fx.spawn, vec![(0, 2)]);
+        assert_eq!(h.worker(0).status, "starting");
+        assert_eq!(h.worker(0).current_task, None);
+        assert_eq!(h.worker(0).respawns, 1);
+        assert_eq!(h.worker(0).respawn_times_ms.len(), 1);
+        h.spawned(0);
+        assert!(h.logged("worker_respawn"));
+    }
+}
+
+#[test]
+fn crashed_task_waits_for_a_worker_when_none_is_healthy() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.join(0).expect("task");
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").lease_id, None);
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    let t = h.join(0).expect("the respawned worker gets the task");
+    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.attempt, 1);
+}
+
+// === 7: FR-6 respawn cap and exit codes ===
+
+#[test]
+fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    for crash in 1..=5u32 {
+        h.spawned(0);
+        h.register(0);
+        let fx = h.exit(0, ExitInfo::Signal(9));
+        assert_eq!(h.worker(0).respawn_times_ms.len(), crash as usize);
+        assert_eq!(h.worker(0).respawns, crash);
+        assert_eq!(h.r.doc.rush.resilience.worker_respawns, u64::from(crash));
+        if crash == 1 {
+            assert_eq!(fx.spawn, vec![(0, 2)], "the first respawn is immediate");
+        } else {
+            assert!(fx.spawn.is_empty(), "later respawns back off");
+            assert_eq!(h.worker(0).status, "backoff");
+            let due = h.r.rt_workers[&0].spawn_due.expect("respawn scheduled");
+            assert_jittered(due - h.now, (2.0 * 2f64.powi(crash as i32 - 1)).min(30.0));
+            h.advance_to(due);
+            assert_eq!(h.tick().spawn.len(), 1);
+        }
+        h.advance(Duration::from_secs(1));
+    }
+    h.spawned(0);
+    h.register(0);
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).status, "gave_up");
+    let reason = h.reason(0);
+    assert!(reason.contains("respawned 5 times within 600s"), "{reason}");
+    assert!(reason.contains("crash loop"), "{reason}");
+    assert_eq!(h.r.doc.rush.resilience.worker_respawns, 5);
+    assert!(h.logged("worker_gave_up"));
+    assert_eq!(h.r.state(), "failed", "no slot is left to run the task");
+    assert!(h.r.doc.rush.reason.contains("crash loop"));
+    h.advance(Duration::from_secs(120));
+    assert!(h.tick().spawn.is_empty());
+}
+
+#[test]
+fn respawns_older_than_the_window_are_forgotten() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[])],
+        1,
+        config(|w| {
+            w.max_respawn_attempts = 2;
+            w.respawn_window_seconds = 60.0;
+        }),
+    );
+    h.start();
+    h.spawned(0);
+    h.register(0);
+    assert_eq!(h.exit(0, ExitInfo::Signal(9)).spawn.len(), 1);
+    h.advance(Duration::from_secs(1));
+    h.spawned(0);
+    h.register(0);
+    assert!(h.exit(0, ExitInfo::Signal(9)).spawn.is_empty());
+    let due = h.r.rt_workers[&0].spawn_due.expect("respawn scheduled");
+    h.advance_to(due);
+    assert_eq!(h.tick().spawn.len(), 1);
+    assert_eq!(h.worker(0).respawn_times_ms.len(), 2);
+    // Both earlier crashes are out of the 60 s window by now.
+    h.advance(Duration::from_secs(61));
+    h.spawned(0);
+    h.register(0);
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    assert_eq!(fx.spawn.len(), 1, "respawned at once, not given up");
+    assert_eq!(h.worker(0).status, "starting");
+    assert_eq!(h.worker(0).respawn_times_ms.len(), 1);
+    assert_eq!(h.r.state(), "running");
+}
+
+#[test]
+fn exit_three_blocks_the_slot_and_fails_the_rush_with_the_reason() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    let t = h.join(0).expect("task");
+    let mut req = h.fail_req(0, &t, "agent_missing");
+    req.message = "agent command 'claude' cannot be run (No such file or directory)".into();
+    h.fail_with(req);
+    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").retry_count, 0);
+    let fx = h.exit(0, ExitInfo::Code(3));
+    assert!(fx.spawn.is_empty(), "a blocked worker is not respawned");
+    assert_eq!(h.worker(0).status, "blocked");
+    assert!(h.reason(0).contains("cannot be run"), "{}", h.reason(0));
+    assert_eq!(h.worker(0).last_exit.as_deref(), Some("3 (blocked)"));
+    assert_eq!(h.r.state(), "failed");
+    assert!(h.r.doc.rush.reason.contains("cannot be run"));
+}
+
+#[test]
+fn checkpoint_exit_requeues_the_task_and_respawns_without_counting() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.join(0).expect("task");
+    // Exit 2 while the task is still held (its Fail report was lost).
+    let fx = h.exit(0, ExitInfo::Code(2));
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.retry_count, 0);
+    assert_eq!(ts.crashes, 0, "a checkpoint is not a crash");
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    assert!(
+        h.worker(0).respawn_times_ms.is_empty(),
+        "not counted against the respawn cap"
+    );
+    assert_eq!(h.r.doc.rush.resilience.worker_respawns, 1);
+    assert_eq!(h.r.doc.rush.resilience.task_reassignments, 0);
+    assert_eq!(h.join(0).expect("task").id, "A-L1-001");
+}
+
+// === 8: FR-2 task watchdog ===
+
+#[test]
+fn task_without_output_or_step_change_times_out() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[])],
+        1,
+        config(|w| w.task_stale_timeout_seconds = 3.0),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    // One step change at +1 s, then heartbeats that carry nothing new.
+    for _ in 1..=4 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat(0, Some(&t), "implementing", 0);
+        let fx = h.tick();
+        assert!(fx.stop.is_empty());
+        assert_eq!(h.task("A-L1-001").status, "in_progress");
+    }
+    h.advance(Duration::from_secs(1));
+    h.heartbeat(0, Some(&t), "implementing", 0);
+    let fx = h.tick();
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, "waiting_retry");
+    assert_eq!(ts.retry_count, 1);
+    assert!(ts.error.as_deref().unwrap_or("").contains("timeout"));
+    assert_eq!(stopped(&fx), vec![0], "the hung worker is stopped");
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 1);
+    assert_eq!(h.worker(0).current_task, None);
+    assert!(h.logged("task_timeout"));
+    // A late report of the timed-out attempt is refused.
+    let req = h.complete_req(0, &t);
+    assert!(h.try_complete(req).is_err());
+    // The stopped worker's exit was expected: it is replaced without counting.
+    let fx = h.exit(0, ExitInfo::Signal(15));
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    assert!(h.worker(0).respawn_times_ms.is_empty());
+    assert_eq!(h.task("A-L1-001").crashes, 0);
+}
+
+#[test]
+fn agent_output_keeps_a_long_task_alive() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[])],
+        1,
+        config(|w| w.task_stale_timeout_seconds = 3.0),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    for _ in 0..10 {
+        h.advance(Duration::from_secs(1));
+        let out = h.wall_ms();
+        h.heartbeat(0, Some(&t), "implementing", out);
+        let fx = h.tick();
+        assert!(fx.stop.is_empty());
+    }
+    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").retry_count, 0);
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 0);
+    // Once the output stops, the timeout applies again.
+    for _ in 0..4 {
+        h.advance(Duration::from_secs(1));
+        h.tick();
+    }
+    assert_eq!(h.task("A-L1-001").status, "waiting_retry");
+}
+
+// === 9: FR-3 stale workers and the mass-staleness brake ===
+
+#[test]
+fn silent_worker_goes_stale_and_its_task_moves_to_a_healthy_worker() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
+        3,
+        config(|w| w.task_stale_timeout_seconds = 10_000.0),
+    );
+    h.start();
+    h.join(0).expect("task");
+    assert!(h.join(1).is_none());
+    assert!(h.join(2).is_none());
+    let t0 = h.now;
+    for s in [60, 120] {
+        h.advance_to(t0 + Duration::from_secs(s));
+        h.heartbeat(1, None, "idle", 0);
+        h.heartbeat(2, None, "idle", 0);
+        let fx = h.tick();
+        assert!(fx.stop.is_empty(), "not stale at {s}s");
+        assert_eq!(h.worker(0).status, "running");
+    }
+    h.advance_to(t0 + Duration::from_secs(121));
+    let fx = h.tick();
+    assert_eq!(h.worker(0).status, "stale");
+    assert!(h.reason(0).contains("no heartbeat"), "{}", h.reason(0));
+    assert_eq!(stopped(&fx), vec![0], "the stale worker is killed");
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 1);
+    assert_eq!(h.r.doc.rush.resilience.task_reassignments, 1);
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.retry_count, 0);
+    assert_eq!(ts.crashes, 1);
+    assert_eq!(ts.worker_id, Some(1), "reassigned in the same tick");
+    assert_eq!(h.leased(1).id, "A-L1-001");
+    assert!(h.reply(2).is_none());
+    assert!(h.logged("heartbeat_stale"));
+    // The killed worker's exit counts as a crash and the slot is replaced.
+    let fx = h.exit(0, ExitInfo::Signal(15));
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    assert_eq!(h.worker(0).respawn_times_ms.len(), 1);
+}
+
+#[test]
+fn mass_staleness_rechecks_once_before_failing_workers() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-001", "A-L1-002"]),
+        ],
+        4,
+        config(|_| {}),
+    );
+    h.start();
+    h.join(0).expect("task");
+    h.join(1).expect("task");
+    assert!(h.join(2).is_none());
+    assert!(h.join(3).is_none());
+    let t0 = h.now;
+    // Workers 2 and 3 keep heartbeating; workers 0 and 1 fall silent.
+    let at = |h: &mut H, s: u64| {
+        h.advance_to(t0 + Duration::from_secs(s));
+        h.heartbeat(2, None, "idle", 0);
+        h.heartbeat(3, None, "idle", 0);
+    };
+    at(&mut h, 60);
+    h.tick();
+    at(&mut h, 120);
+    h.tick();
+    h.advance_to(t0 + Duration::from_secs(121));
+    // 2 of 4 live workers look stale at once: suspect zergd, fail nobody yet.
+    let fx = h.tick();
+    assert!(fx.stop.is_empty());
+    assert_eq!(h.worker(0).status, "running");
+    assert_eq!(h.worker(1).status, "running");
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 0);
+    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").worker_id, Some(0));
+    assert!(h.logged("heartbeat_brake"));
+    assert_eq!(h.r.brake_at, Some(h.now));
+    // Still silent one threshold later: now they are failed and their tasks reassigned.
+    at(&mut h, 180);
+    h.tick();
+    at(&mut h, 240);
+    h.tick();
+    assert_eq!(
+        h.worker(0).status,
+        "running",
+        "120 s since the brake is not over"
+    );
+    h.advance_to(t0 + Duration::from_secs(242));
+    let fx = h.tick();
+    assert_eq!(h.worker(0).status, "stale");
+    assert_eq!(h.worker(1).status, "stale");
+    assert_eq!(stopped(&fx), vec![0, 1]);
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 2);
+    assert_eq!(h.r.doc.rush.resilience.task_reassignments, 2);
+    let got = BTreeSet::from([h.leased(2).id, h.leased(3).id]);
+    assert_eq!(
+        got,
+        BTreeSet::from(["A-L1-001".to_string(), "A-L1-002".to_string()])
+    );
+    for id in ["A-L1-001", "A-L1-002"] {
+        assert_eq!(h.task(id).retry_count, 0);
+        assert_eq!(h.task(id).crashes, 1);
+    }
+}
+
+// === 10: rate limits ===
+
+#[test]
+fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|w| {
+            w.heartbeat_stale_threshold = 10_000.0;
+            w.task_stale_timeout_seconds = 10_000.0;
+        }),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    h.join(1).expect("task");
+    let until = h.wall_ms() + 60_000;
+    let mut req = h.fail_req(0, &t, "rate_limited");
+    req.retry_at_ms = until;
+    h.fail_with(req);
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.retry_count, 0);
+    assert_eq!(ts.lease_id, None);
+    assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
+    assert!(!h.r.status().rate_limited_until.is_empty());
+    assert_eq!(h.r.state(), "running");
+
+    h.lease(0);
+    assert!(h.reply(0).is_none(), "no new work while rate-limited");
+    h.advance(Duration::from_secs(30));
+    h.tick();
+    assert!(h.reply(0).is_none(), "no new work while rate-limited");
+    assert_eq!(h.task("A-L1-001").status, "pending");
+    h.advance(Duration::from_secs(31));
+    h.tick();
+    assert_eq!(h.r.doc.rush.rate_limited_until_ms, 0);
+    assert!(h.logged("rate_limit_over"));
+    let t2 = h.leased(0);
+    assert_eq!(t2.id, "A-L1-001");
+    assert_eq!(t2.attempt, 1, "the rate-limited attempt was not counted");
+    assert_eq!(h.task("A-L1-001").retry_count, 0);
+}
+
+// === 11: FR-4 reconciliation ===
+
+#[test]
+fn reconcile_requeues_tasks_whose_worker_is_gone() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    h.join(0).expect("task");
+    h.join(1).expect("task");
+    // The process is gone, but its exit was never reported.
+    h.r.rt_workers.get_mut(&0).expect("slot 0").spawned = None;
+    let n = h.r.reconcile(false, h.now, h.wall);
+    assert!(n >= 1);
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.lease_id, None);
+    assert_eq!(ts.retry_count, 0);
+    assert_eq!(ts.crashes, 1);
+    assert!(
+        ts.error
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("worker_crash")
+    );
+    assert_eq!(h.worker(0).current_task, None);
+    assert_eq!(
+        h.task("A-L1-002").status,
+        "in_progress",
+        "a live worker's task stays"
+    );
+    assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, u64::from(n));
+    assert!(h.logged("state_reconcile_fix"));
+    assert_eq!(
+        h.r.reconcile(false, h.now, h.wall),
+        0,
+        "nothing left to fix"
+    );
+}
+
+#[test]
+fn reconcile_recalculates_level_status_and_fills_in_missing_levels() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
+        1,
+        config(|_| {}),
+    );
+    h.start();
+    h.r.doc.levels.get_mut("1").expect("level 1").status = "complete".into();
+    h.r.doc.levels.get_mut("2").expect("level 2").status = "failed".into();
+    h.r.doc.tasks.get_mut("A-L2-001").expect("task").level = None;
+    let n = h.r.reconcile(true, h.now, h.wall);
+    assert_eq!(n, 3);
+    assert_eq!(h.r.doc.levels["1"].status, "running", "the current level");
+    assert_eq!(h.r.doc.levels["2"].status, "pending");
+    assert_eq!(h.task("A-L2-001").level, Some(2), "parsed from *-L2-*");
+    assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, 3);
+}
+
+#[test]
+fn the_light_reconciliation_runs_periodically_from_tick() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.r.doc.tasks.get_mut("A-L1-001").expect("task").level = None;
+    h.advance(Duration::from_secs(1));
+    h.tick();
+    assert_eq!(h.task("A-L1-001").level, None, "not due yet");
+    h.advance(Duration::from_secs(70));
+    h.tick();
+    assert_eq!(h.task("A-L1-001").level, Some(1));
+    assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, 1);
+    assert!(h.r.next_reconcile > h.now);
+}
+
+// === 12: stop and retry ===
+
+#[test]
+fn stop_requeues_running_tasks_and_stops_every_live_worker() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        3,
+        config(|_| {}),
+    );
+    h.start();
+    let a = h.join(0).expect("task");
+    h.join(1).expect("task");
+    assert!(h.join(2).is_none());
+    let (fx, n) = h.stop(false);
+    assert_eq!(n, 3);
+    assert_eq!(h.r.state(), "stopped");
+    assert_eq!(h.r.doc.rush.reason, "stopped by user");
+    for id in ["A-L1-001", "A-L1-002"] {
+        assert_eq!(h.task(id).status, "pending");
+        assert_eq!(h.task(id).lease_id, None);
+    }
+    assert_eq!(stopped(&fx), vec![0, 1, 2]);
+    assert!(
+        fx.stop
+            .iter()
+            .all(|(_, _, g)| *g == Duration::from_secs(10))
+    );
+    assert!(h.done(2).contains("stopped"));
+    assert_eq!(h.worker(0).status, "stopping");
+    // Late reports of the stopped work are refused; exits are not respawned.
+    let req = h.complete_req(0, &a);
+    assert!(h.try_complete(req).is_err());
+    let fx = h.exit(0, ExitInfo::Signal(15));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).status, "exited");
+    assert!(h.tick().spawn.is_empty());
+
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.join(0).expect("task");
+    let (fx, _) = h.stop(true);
+    assert!(
+        fx.stop.iter().all(|(_, _, g)| g.is_zero()),
+        "force: no grace"
+    );
+    assert_eq!(h.r.doc.rush.reason, "stopped by user (force)");
+}
+
+#[test]
+fn retry_after_failure_requeues_failed_and_blocked_tasks_and_restarts() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
+        1,
+        config(|w| w.retry_attempts = 0),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    h.fail(0, &t, "verification_failed");
+    assert_eq!(h.r.state(), "failed");
+    assert!(h.exit(0, ExitInfo::Signal(15)).spawn.is_empty());
+
+    let (fx, ids) = h.retry();
+    assert_eq!(ids, vec!["A-L1-001".to_string(), "A-L2-001".to_string()]);
+    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.doc.rush.reason, "");
+    assert_eq!(h.r.doc.error, None);
+    for id in ["A-L1-001", "A-L2-001"] {
+        assert_eq!(h.task(id).status, "pending");
+        assert!(h.task(id).blocked_by.is_empty());
+        assert_eq!(h.task(id).error, None);
+    }
+    assert_eq!(h.task("A-L1-001").retry_count, 1, "kept without --reset");
+    assert_eq!(h.r.doc.current_level, 1);
+    assert_eq!(h.r.doc.levels["1"].status, "running");
+    assert_eq!(h.r.doc.levels["2"].status, "pending");
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    let t = h.join(0).expect("task");
+    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.attempt, 2);
+}
+
+#[test]
+#[ignore = "bug: retry keeps the old finished_at, so status shows a finish time for a running rush"]
+fn retry_clears_finished_at() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[])],
+        1,
+        config(|w| w.retry_attempts = 0),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    h.fail(0, &t, "verification_failed");
+    assert!(!h.r.doc.rush.finished_at.is_empty());
+    h.retry();
+    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.status().finished_at, "");
+}
+
+#[test]
+#[ignore = "bug: after stop, a resume before the workers have exited never respawns them (on_exit returns early for status `stopping`), so the rush stalls"]
+fn resume_right_after_stop_respawns_workers_when_their_exits_arrive() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    h.join(0).expect("task");
+    h.join(1).expect("task");
+    h.stop(false);
+    // `zergctl rush feat` again within the stop grace: the old processes are still exiting.
+    h.retry();
+    assert_eq!(h.r.state(), "running");
+    let mut spawned: BTreeSet<u32> = BTreeSet::new();
+    for w in [0, 1] {
+        spawned.extend(
+            h.exit(w, ExitInfo::Signal(15))
+                .spawn
+                .iter()
+                .map(|(w, _)| *w),
+        );
+    }
+    h.advance(Duration::from_secs(5));
+    spawned.extend(h.tick().spawn.iter().map(|(w, _)| *w));
+    assert_eq!(
+        spawned,
+        BTreeSet::from([0, 1]),
+        "the resumed rush must get its workers back (statuses: {:?}, {:?})",
+        h.worker(0).status,
+        h.worker(1).status
+    );
+}
+
+#[test]
+#[ignore = "bug: a worker exiting 0 while work remains is marked done with no respawn and no exhaustion check, so the rush stalls"]
+fn exit_zero_with_work_left_does_not_stall_the_rush() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.join(0).expect("task");
+    let mut respawned = !h.exit(0, ExitInfo::Code(0)).spawn.is_empty();
+    assert_eq!(h.task("A-L1-001").status, "pending");
+    for _ in 0..60 {
+        h.advance(Duration::from_secs(1));
+        respawned |= !h.tick().spawn.is_empty();
+    }
+    assert!(
+        respawned || h.r.is_terminal(),
+        "rush {} with a pending task and no worker (slot 0: {})",
+        h.r.state(),
+        h.worker(0).status
+    );
+}
+
+// === 13: merge conflicts ===
+
+fn conflicted() -> H {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-001", "A-L1-002"]),
+        ],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    let a = h.join(0).expect("task");
+    let b = h.join(1).expect("task");
+    h.complete(0, &a);
+    let job = h.complete(1, &b).merge.expect("level 1 merge");
+    assert_eq!(job.level, 1);
+    h.merge_result(
+        1,
+        MergeResult::Conflict {
+            worker: 1,
+            files: vec!["src/a-l1-002.rs".into()],
+        },
+    );
+    h.lease(0);
+    h
+}
+
+#[test]
+fn merge_conflict_pauses_and_names_files_and_tasks() {
+    let mut h = conflicted();
+    assert_eq!(h.r.state(), "paused");
+    assert!(h.r.doc.paused);
+    let reason = h.r.doc.rush.reason.clone();
+    assert!(reason.contains("src/a-l1-002.rs"), "{reason}");
+    assert!(reason.contains("A-L1-002"), "{reason}");
+    assert!(!reason.contains("A-L1-001"), "{reason}");
+    assert!(reason.contains("zergctl retry feat"), "{reason}");
+    let ls = &h.r.doc.levels["1"];
+    assert_eq!(ls.merge_status, "conflict");
+    assert_eq!(ls.conflicts, vec!["src/a-l1-002.rs".to_string()]);
+    assert_eq!(h.r.doc.current_level, 1);
+    assert!(h.reply(0).is_none(), "no work is handed out while paused");
+    assert!(h.tick().merge.is_none());
+    assert_eq!(h.task("A-L2-001").status, "pending");
+}
+
+#[test]
+#[ignore = "bug: retry after a merge conflict skips the conflicted level's merge (start() opens the first level with unfinished tasks, not the first unmerged level)"]
+fn retry_after_merge_conflict_reruns_the_merge() {
+    let mut h = conflicted();
+    let (fx, ids) = h.retry();
+    assert!(ids.is_empty(), "no task needed requeueing");
+    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.doc.current_level, 1, "level 1 is not merged yet");
+    let job = fx.merge.expect("the conflicted level is merged again");
+    assert_eq!(job.level, 1);
+    assert!(
+        h.reply(0).is_none(),
+        "level 2 must wait for the level 1 merge"
+    );
+    assert_eq!(h.task("A-L2-001").status, "pending");
+}
+
+// === 14: checkpoints ===
+
+#[test]
+fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    assert!(h.join(1).is_none());
+    let mut req = h.fail_req(0, &t, "checkpoint");
+    req.checkpoint_commit = "wip".into();
+    h.fail_with(req);
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.resume_from.as_deref(), Some("wip"));
+    assert_eq!(ts.retry_count, 0);
+    // The parked worker picks it up at once, resuming from the checkpoint.
+    let t2 = h.leased(1);
+    assert_eq!(t2.id, "A-L1-001");
+    assert_eq!(t2.resume_from, "wip");
+    assert_eq!(t2.attempt, 1);
+    // The checkpointing worker exits 2 and is replaced without counting.
+    let fx = h.exit(0, ExitInfo::Code(2));
+    assert_eq!(fx.spawn, vec![(0, 2)]);
+    assert!(h.worker(0).respawn_times_ms.is_empty());
+    h.complete(1, &t2);
+    assert_eq!(h.task("A-L1-001").resume_from, None);
+    assert_eq!(h.task("A-L1-001").status, "complete");
+}
