@@ -6,6 +6,7 @@
 //! [`code`].
 
 mod demo;
+pub mod image;
 mod render;
 mod service;
 
@@ -145,11 +146,38 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Build the `zerg-worker` container image.
+    Image {
+        /// What to do with the image.
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
     /// Install zergd as a user service (systemd on Linux, launchd on macOS).
     Service {
         /// Only print the unit file.
         #[arg(long)]
         print: bool,
+    },
+}
+
+/// `zergctl image` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build the worker image: from docker/Dockerfile (needs a registry), or with `--offline`
+    /// from a root filesystem assembled from this machine's binaries (no registry; cached).
+    Build {
+        /// Build without any registry.
+        #[arg(long)]
+        offline: bool,
+        /// Image tag.
+        #[arg(long, default_value = image::DEFAULT_TAG)]
+        tag: String,
+        /// The zerg-worker-agent binary to put in the image [default: next to zergctl].
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Extra binaries to put in /usr/local/bin (offline builds), e.g. an agent CLI.
+        #[arg(long = "with")]
+        with: Vec<PathBuf>,
     },
 }
 
@@ -224,6 +252,27 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Validate { target } => validate(&target),
         Command::Demo { workers, keep } => demo::run(workers, keep).await,
         Command::Service { print } => service::install(print),
+        Command::Image {
+            command:
+                ImageCommand::Build {
+                    offline,
+                    tag,
+                    agent,
+                    with,
+                },
+        } => {
+            let opts = image::BuildOptions {
+                offline,
+                tag: tag.clone(),
+                agent,
+                with,
+            };
+            let id = image::build(&opts)
+                .await
+                .map_err(|e| CliError::new(code::FAILED, e.to_string()))?;
+            println!("Built {tag} ({id})");
+            Ok(code::OK)
+        }
         Command::Rush {
             feature,
             workers,

@@ -156,23 +156,51 @@ pub fn prepare_fresh(
     }
 
     let graph = validated.graph;
+    let meta = RushMeta {
+        rush_id: rush_id.to_string(),
+        repo: repo.to_string_lossy().to_string(),
+        mode: mode.to_string(),
+        workers,
+        base_branch,
+        base_commit: base_commit.clone(),
+        warnings: warnings.clone(),
+        ..Default::default()
+    };
+    let doc = initial_doc(&graph, meta, &paths, wall);
+    let spec_context = spec_context(&paths.spec_dir, feature);
+    Ok((
+        Prepared {
+            doc,
+            graph,
+            config,
+            paths,
+            spec_context,
+        },
+        warnings,
+    ))
+}
+
+/// The state document of a fresh rush: every task pending with its level, every level
+/// pending, every worker slot starting from the base commit.
+pub fn initial_doc(
+    graph: &TaskGraph,
+    meta: RushMeta,
+    paths: &RushPaths,
+    wall: SystemTime,
+) -> StateDoc {
     let now = iso_millis(wall);
+    let feature = graph.feature.clone();
+    let base_commit = meta.base_commit.clone();
+    let workers = meta.workers;
     let mut doc = StateDoc {
         format_version: FORMAT_VERSION,
-        feature: feature.to_string(),
+        feature: feature.clone(),
         started_at: now.clone(),
         rush: RushMeta {
-            rush_id: rush_id.to_string(),
-            repo: repo.to_string_lossy().to_string(),
-            mode: mode.to_string(),
-            workers,
             state: "pending".into(),
-            base_branch,
-            base_commit: base_commit.clone(),
             staging_head: base_commit.clone(),
             spec_dir: paths.spec_dir.to_string_lossy().to_string(),
-            warnings: warnings.clone(),
-            ..Default::default()
+            ..meta
         },
         ..Default::default()
     };
@@ -205,23 +233,13 @@ pub fn prepare_fresh(
                 worker_id: w,
                 status: "starting".into(),
                 worktree_path: paths.worker_worktree(w).to_string_lossy().to_string(),
-                branch: worker_branch(feature, w),
+                branch: worker_branch(&feature, w),
                 accepted_head: base_commit.clone(),
                 ..Default::default()
             },
         );
     }
-    let spec_context = spec_context(&paths.spec_dir, feature);
-    Ok((
-        Prepared {
-            doc,
-            graph,
-            config,
-            paths,
-            spec_context,
-        },
-        warnings,
-    ))
+    doc
 }
 
 /// Reloads a rush's graph and config from its snapshot (resume, or zergd restart).
@@ -354,6 +372,9 @@ fn exclude_zerg_dirs(repo: &Path) {
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
     for (w, _, head) in &job.heads {
+        // Container workers write new objects to their own store; bring them into the shared
+        // one before merging (a no-op in subprocess mode).
+        let _ = crate::launcher::container::import_worker_objects(staging, *w);
         let msg = format!(
             "ZERG: merge {} (level {})",
             worker_branch(feature, *w),
@@ -383,11 +404,14 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             tracing::warn!(gate = %g.name, "optional quality gate failed");
         }
     }
-    for (_, wt, _) in &job.heads {
-        if wt.exists()
-            && let Err(e) = git::reset_hard(wt, &head)
-        {
-            return MergeResult::Error(e.to_string());
+    for (w, wt, _) in &job.heads {
+        if wt.exists() {
+            if let Err(e) = git::reset_hard(wt, &head) {
+                return MergeResult::Error(e.to_string());
+            }
+            // Files the reset wrote must stay writable for a container worker (root zergd only).
+            let _ =
+                crate::launcher::container::grant_container_access(wt, &worker_branch(feature, *w));
         }
     }
     MergeResult::Merged(head)

@@ -729,22 +729,15 @@ impl Supervisor {
         };
         let id = p.doc.rush.rush_id.clone();
         let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
-        let rush = Rush {
-            doc: p.doc,
-            graph: p.graph,
-            config: p.config,
-            paths: p.paths,
-            spec_context: p.spec_context,
-            rt_tasks: HashMap::new(),
-            rt_workers: BTreeMap::new(),
+        let rush = Rush::new(
+            p.doc,
+            p.graph,
+            p.config,
+            p.paths,
+            p.spec_context,
             monitor,
-            dirty: true,
-            merging: false,
-            next_reconcile: now,
-            escalations: Vec::new(),
-            messages: Vec::new(),
-            brake_at: None,
-        };
+            now,
+        );
         self.rushes.insert(id.clone(), rush);
         let mut fx = Effects::default();
         fx.reply(
@@ -866,26 +859,13 @@ impl Supervisor {
                 }
             };
             let active = matches!(doc.rush.state.as_str(), "running" | "pending" | "paused");
-            let mut r = Rush {
-                monitor: if active {
-                    Monitor::open(&repo, &e.feature)
-                } else {
-                    Monitor::disabled(&e.feature)
-                },
-                doc,
-                graph,
-                config,
-                paths,
-                spec_context,
-                rt_tasks: HashMap::new(),
-                rt_workers: BTreeMap::new(),
-                dirty: false,
-                merging: false,
-                next_reconcile: now,
-                escalations: Vec::new(),
-                messages: Vec::new(),
-                brake_at: None,
+            let monitor = if active {
+                Monitor::open(&repo, &e.feature)
+            } else {
+                Monitor::disabled(&e.feature)
             };
+            let mut r = Rush::new(doc, graph, config, paths, spec_context, monitor, now);
+            r.dirty = false;
             if active {
                 self.readopt(&mut r, now, wall).await;
             }
@@ -989,8 +969,27 @@ impl Supervisor {
                     status.as_str(),
                     "done" | "gave_up" | "blocked" | "exited" | "backoff"
                 ) {
-                    rt.spawned = Some(sp);
-                    r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx);
+                    rt.spawned = Some(sp.clone());
+                    match (&launcher, sp.container_id.is_some()) {
+                        // An exited container still holds its exit code: let the launcher
+                        // report it (and remove the container).
+                        (Some(l), true) => {
+                            let tx = self.tx.clone();
+                            let rid2 = rid.clone();
+                            l.watch(
+                                sp,
+                                Box::new(move |info| {
+                                    let _ = tx.send(Event::Exited {
+                                        rush: rid2,
+                                        worker: w,
+                                        generation,
+                                        info,
+                                    });
+                                }),
+                            );
+                        }
+                        _ => r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx),
+                    }
                 } else if status == "backoff" {
                     rt.spawn_due = Some(now);
                 }

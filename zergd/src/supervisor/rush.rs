@@ -212,6 +212,34 @@ pub struct Rush {
 // === Construction and small helpers ===
 
 impl Rush {
+    /// A rush from its state, graph and config, with empty runtime data.
+    pub fn new(
+        doc: StateDoc,
+        graph: TaskGraph,
+        config: Config,
+        paths: RushPaths,
+        spec_context: String,
+        monitor: Monitor,
+        now: Instant,
+    ) -> Rush {
+        Rush {
+            doc,
+            graph,
+            config,
+            paths,
+            spec_context,
+            rt_tasks: HashMap::new(),
+            rt_workers: BTreeMap::new(),
+            monitor,
+            dirty: true,
+            merging: false,
+            next_reconcile: now,
+            escalations: Vec::new(),
+            messages: Vec::new(),
+            brake_at: None,
+        }
+    }
+
     /// Rush id.
     pub fn id(&self) -> &str {
         &self.doc.rush.rush_id
@@ -332,6 +360,7 @@ impl Rush {
     /// Starts (or resumes) execution once the worktrees exist.
     pub fn start(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
         self.set_state("running", "");
+        self.doc.rush.finished_at.clear();
         if self.doc.started_at.is_empty() {
             self.doc.started_at = iso_millis(wall);
         }
@@ -370,6 +399,8 @@ impl Rush {
                 self.spawn_slot(w, now, fx);
             }
         }
+        // A resumed level whose tasks are all done but whose merge did not complete merges now.
+        self.check_level_done(now, wall, fx);
         self.dispatch(now, wall, fx);
     }
 
@@ -379,13 +410,20 @@ impl Rush {
         base.mul_f64(0.9 + 0.2 * fastrand::f64())
     }
 
+    /// The first level that still has work: an unfinished task, or a merge that has not
+    /// completed (a level whose tasks are all done but whose merge conflicted is still open).
     fn first_open_level(&self) -> Option<u32> {
         self.graph
             .levels()
             .into_iter()
-            .find(|(_, ts)| {
+            .find(|(l, ts)| {
                 ts.iter()
                     .any(|t| !Self::is_terminal_task(self.task_status(&t.id)))
+                    || self
+                        .doc
+                        .levels
+                        .get(&l.to_string())
+                        .is_none_or(|ls| ls.merge_status != "complete")
             })
             .map(|(l, _)| l)
     }
@@ -583,7 +621,6 @@ impl Rush {
         if ws.generation != generation {
             return;
         }
-        let was = ws.status.clone();
         let task = ws.current_task.clone();
         let rt = self.rt_workers.entry(w).or_default();
         if rt.handled_gen >= generation {
@@ -616,7 +653,7 @@ impl Rush {
             }
         }
 
-        if self.is_terminal() || was == "stopping" {
+        if self.is_terminal() {
             self.set_worker_status(w, if code == Some(0) { "done" } else { "exited" }, None);
             self.event(
                 wall,
@@ -633,7 +670,14 @@ impl Rush {
             (Some(0), _) => (
                 Level::Info,
                 "worker_exit",
-                format!("Worker {w} exited: {desc}, no work left"),
+                format!(
+                    "Worker {w} exited: {desc}{}",
+                    if self.has_open_work() {
+                        ""
+                    } else {
+                        ", no work left"
+                    }
+                ),
             ),
             (Some(2), _) => (
                 Level::Info,
@@ -676,8 +720,13 @@ impl Rush {
         );
 
         match code {
-            Some(0) => {
+            Some(0) if !self.has_open_work() => {
                 self.set_worker_status(w, "done", Some("no work left".into()));
+            }
+            Some(0) => {
+                // An agent that exits 0 while work remains (for example a late `Done` from an
+                // earlier run) is replaced, without counting it as a crash.
+                self.respawn(w, false, &desc, now, wall, fx);
             }
             Some(3) => {
                 let reason = self
@@ -2142,9 +2191,8 @@ impl Rush {
                 }
                 for rt in self.rt_tasks.values_mut() {
                     if rt.retry_due.is_none() {
-                        rt.last_progress = rt
-                            .last_progress
-                            .max(now - task_stale.min(now.duration_since(rt.last_progress)));
+                        // A full new progress window: the silence may have been zergd's.
+                        rt.last_progress = now;
                     }
                 }
                 self.event(
