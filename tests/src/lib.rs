@@ -156,11 +156,12 @@ impl Default for TestRepo {
     }
 }
 
-/// Fast resilience settings for tests (values in seconds).
+/// Fast resilience settings for tests (values in seconds): short enough for the chaos tests,
+/// long enough that a loaded 2-core CI machine does not produce false stale detections.
 pub const FAST_WORKERS: &str = "workers:
   heartbeat_interval_seconds: 0.2
-  heartbeat_stale_threshold: 2
-  task_stale_timeout_seconds: 3
+  heartbeat_stale_threshold: 4
+  task_stale_timeout_seconds: 5
   backoff_base_seconds: 0.1
   backoff_max_seconds: 0.5
   spawn_backoff_base_seconds: 0.1

@@ -390,10 +390,19 @@ impl Session {
             .map(|p| p.to_string_lossy().to_string())
     }
 
-    fn pathspec_excludes(&self) -> Vec<String> {
-        let mut v = vec![":(exclude).zerg-task".to_string()];
-        if let Some(rel) = self.spec_rel() {
-            v.push(format!(":(exclude){rel}"));
+    /// Pathspecs that keep the handoff directory and a mounted spec out of commits. Paths that
+    /// git already ignores are left out: naming an ignored path makes `git add` fail.
+    async fn pathspec_excludes(&self) -> Vec<String> {
+        let mut paths = vec![".zerg-task".to_string()];
+        paths.extend(self.spec_rel());
+        let mut v = Vec::new();
+        for p in paths {
+            if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
+                .await
+                .is_err()
+            {
+                v.push(format!(":(exclude){p}"));
+            }
         }
         v
     }
@@ -401,6 +410,9 @@ impl Session {
     /// Resets the worktree to the commit zergd gave, so every task starts from a known state.
     async fn prepare_worktree(&self, task: &v1::Task) -> Result<(), String> {
         let wt = &self.env.worktree;
+        // An earlier process of this slot may have been killed in the middle of a git command.
+        // The slot's worktree is this process's alone, so its lock files are stale.
+        remove_stale_locks(wt).await;
         if !task.base_commit.is_empty() {
             run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
         }
@@ -555,7 +567,8 @@ impl Session {
         if let Some(cp) = read_json(&task_dir.join(CHECKPOINT_FILE)) {
             return self.checkpoint(&task, cp).await;
         }
-        if let Some(reset) = outcome.rate_limit {
+        // A usage limit only counts when the run failed: a successful run may merely mention one.
+        if let Some(reset) = outcome.rate_limit.filter(|_| !outcome.success()) {
             return self
                 .fail(
                     &task,
@@ -724,7 +737,7 @@ impl Session {
     async fn commit(&self, task: &v1::Task) -> Result<String, String> {
         let wt = &self.env.worktree;
         let mut add: Vec<String> = vec!["add".into(), "-A".into(), "--".into(), ".".into()];
-        add.extend(self.pathspec_excludes());
+        add.extend(self.pathspec_excludes().await);
         let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
         run::git(wt, &add_ref).await?;
         let msg = format!(
@@ -821,7 +834,7 @@ impl Session {
         let next = cp["next_action"].as_str().unwrap_or("").to_string();
         let wt = self.env.worktree.clone();
         let mut add: Vec<String> = vec!["add".into(), "-A".into(), "--".into(), ".".into()];
-        add.extend(self.pathspec_excludes());
+        add.extend(self.pathspec_excludes().await);
         let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
         let _ = run::git(&wt, &add_ref).await;
         let files = run::git(&wt, &["diff", "--cached", "--name-status"])
@@ -874,6 +887,18 @@ impl Session {
         )
         .await;
         TaskEnd::Exit(exit::CHECKPOINT)
+    }
+}
+
+/// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
+async fn remove_stale_locks(worktree: &Path) {
+    if let Ok(dir) = run::git(worktree, &["rev-parse", "--absolute-git-dir"]).await {
+        for name in ["index.lock", "HEAD.lock"] {
+            let p = Path::new(&dir).join(name);
+            if tokio::fs::remove_file(&p).await.is_ok() {
+                eprintln!("zerg-worker-agent: removed stale {}", p.display());
+            }
+        }
     }
 }
 

@@ -61,9 +61,9 @@ pub enum Command {
         /// Number of workers.
         #[arg(short, long, default_value_t = 5)]
         workers: u32,
-        /// Where workers run.
-        #[arg(short, long, default_value = "subprocess", value_parser = ["subprocess", "container"])]
-        mode: String,
+        /// Where workers run [default: subprocess, or the mode of the rush being resumed].
+        #[arg(short, long, value_parser = ["subprocess", "container"])]
+        mode: Option<String>,
         /// Repository [default: the current directory].
         #[arg(long)]
         repo: Option<PathBuf>,
@@ -282,7 +282,15 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         } => {
             let repo = repo_arg(repo)?;
             let mut c = connect(&socket).await?;
-            rush(&mut c, &repo, &feature, workers, &mode, detach).await
+            rush(
+                &mut c,
+                &repo,
+                &feature,
+                workers,
+                mode.as_deref().unwrap_or(""),
+                detach,
+            )
+            .await
         }
         Command::Status {
             feature,
@@ -493,9 +501,10 @@ pub async fn rush(
         eprintln!("warning: {w}");
     }
     println!(
-        "{} rush {feature} ({}) with {workers} {mode} worker(s)",
+        "{} rush {feature} ({}) with {workers} {} worker(s)",
         if r.resumed { "Resumed" } else { "Started" },
-        r.rush_id
+        r.rush_id,
+        r.mode
     );
     if detach {
         println!(

@@ -105,10 +105,22 @@ pub fn ensure_worktree(
     Ok(())
 }
 
-/// Moves a worktree's branch and files to `commit`, discarding local changes.
+/// Moves a worktree's branch and files to `commit`, discarding local changes. Lock files left
+/// by a worker killed in the middle of a git command are removed once (zergd only resets a
+/// worker worktree while its worker is idle or dead).
 pub fn reset_hard(worktree: &Path, commit: &str) -> Result<(), GitError> {
-    git(worktree, &["reset", "--hard", "-q", commit])?;
-    Ok(())
+    match git(worktree, &["reset", "--hard", "-q", commit]) {
+        Err(e) if e.stderr.contains(".lock") => {
+            if let Ok(dir) = git(worktree, &["rev-parse", "--absolute-git-dir"]) {
+                for name in ["index.lock", "HEAD.lock"] {
+                    let _ = std::fs::remove_file(Path::new(&dir).join(name));
+                }
+            }
+            git(worktree, &["reset", "--hard", "-q", commit])?;
+            Ok(())
+        }
+        other => other.map(|_| ()),
+    }
 }
 
 /// Removes a worktree (and, when `delete_branch`, its branch).

@@ -111,7 +111,7 @@ impl Monitor {
         if let Some((w, _)) = self.events.as_mut() {
             if let Value::Object(m) = &mut data {
                 m.insert("message".into(), Value::String(message.to_string()));
-                m.insert("level".into(), Value::String(level.as_str().to_string()));
+                m.insert("severity".into(), Value::String(level.as_str().to_string()));
                 if let Source::Worker(n) = source {
                     m.insert("worker_id".into(), json!(n));
                 }

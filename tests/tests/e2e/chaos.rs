@@ -217,7 +217,7 @@ fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
     });
     let pid = worker_running(&st, "G-L1-003").unwrap();
     killpg(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
-    // Past the stale threshold (2 s), zergd declares the worker stale and reassigns its task.
+    // Past the stale threshold (4 s), zergd declares the worker stale and reassigns its task.
     d.wait_for(&repo.path, "ss", T, "stale detection", |s| {
         s["resilience"]["stale_detections"].as_u64().unwrap_or(0) >= 1
     });

@@ -2,4 +2,5 @@
 //! CLI, real git repositories in temp dirs and a real Unix socket.
 
 mod chaos;
+mod container;
 mod core;

@@ -623,10 +623,11 @@ impl Supervisor {
             }
         };
         let repo_s = repo.to_string_lossy().to_string();
-        let mode = if req.mode.is_empty() {
-            "subprocess".to_string()
-        } else {
+        let mode_given = !req.mode.is_empty();
+        let mode = if mode_given {
             req.mode.clone()
+        } else {
+            "subprocess".to_string()
         };
         if mode != "subprocess" && mode != "container" {
             let _ = reply.send(Err(Status::invalid_argument(format!(
@@ -671,13 +672,21 @@ impl Supervisor {
                     }
                     let mut res = Ok(vec![]);
                     self.with_rush(&id, |r, fx| {
-                        r.doc.rush.mode = mode.clone();
+                        if mode_given {
+                            r.doc.rush.mode = mode.clone();
+                        }
                         res = r.retry(&[], false, now, wall, fx);
                     });
+                    let mode = self
+                        .rushes
+                        .get(&id)
+                        .map(|r| r.doc.rush.mode.clone())
+                        .unwrap_or_default();
                     let _ = reply.send(res.map(|_| v1::RushReply {
                         rush_id: id,
                         warnings: vec![],
                         resumed: true,
+                        mode,
                     }));
                     return;
                 }
@@ -728,6 +737,7 @@ impl Supervisor {
             }
         };
         let id = p.doc.rush.rush_id.clone();
+        let mode = p.doc.rush.mode.clone();
         let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
         let rush = Rush::new(
             p.doc,
@@ -746,6 +756,7 @@ impl Supervisor {
                 rush_id: id.clone(),
                 warnings,
                 resumed: false,
+                mode: mode.clone(),
             }),
         );
         let r = self.rushes.get_mut(&id).expect("inserted");
@@ -865,6 +876,7 @@ impl Supervisor {
                 Monitor::disabled(&e.feature)
             };
             let mut r = Rush::new(doc, graph, config, paths, spec_context, monitor, now);
+            r.escalations = load_escalations(&r);
             r.dirty = false;
             if active {
                 self.readopt(&mut r, now, wall).await;
@@ -882,7 +894,9 @@ impl Supervisor {
             self.container = Some(Arc::new(c));
         }
         let launcher = self.launcher_for(&mode).ok();
-        let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold);
+        // At least 10 s: agents retry their connection with a backoff capped at 5 s.
+        let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
+            .max(Duration::from_secs(10));
         let rid = r.id().to_string();
         r.event(
             wall,
@@ -1039,6 +1053,36 @@ impl Supervisor {
         r.dirty = true;
         self.pending.push((rid, fx));
     }
+}
+
+/// The unresolved escalations of a rush's tasks from `.zerg/state/escalations.json`.
+fn load_escalations(r: &Rush) -> Vec<v1::Escalation> {
+    let path = r.paths.state_dir.join("escalations.json");
+    let Some(doc) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return Vec::new();
+    };
+    doc["escalations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| !e["resolved"].as_bool().unwrap_or(false))
+        .filter(|e| {
+            e["task_id"]
+                .as_str()
+                .is_some_and(|t| r.doc.tasks.contains_key(t))
+        })
+        .map(|e| v1::Escalation {
+            worker_id: e["worker_id"].as_u64().unwrap_or(0) as u32,
+            task_id: e["task_id"].as_str().unwrap_or("").to_string(),
+            category: e["category"].as_str().unwrap_or("").to_string(),
+            message: e["message"].as_str().unwrap_or("").to_string(),
+            timestamp: e["timestamp"].as_str().unwrap_or("").to_string(),
+            resolved: false,
+        })
+        .collect()
 }
 
 /// Appends escalations to `.zerg/state/escalations.json` under its lock.

@@ -879,6 +879,24 @@ impl Rush {
 // === Worker RPCs ===
 
 impl Rush {
+    /// Any RPC from a worker proves it is alive; after a zergd restart it also ends the
+    /// worker's reconnect grace period.
+    fn touch(&mut self, w: u32, now: Instant, wall: SystemTime) {
+        let rt = self.rt_workers.entry(w).or_default();
+        rt.registered = true;
+        rt.last_hb = Some(now);
+        if rt.reconnect_by.take().is_some() {
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Info,
+                "worker_ready",
+                format!("Worker {w} reconnected after zergd restart"),
+                json!({"worker_id": w}),
+            );
+        }
+    }
+
     fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), Status> {
         match self.doc.workers.get(&r.worker_id.to_string()) {
             Some(ws) if ws.generation == r.generation => Ok(()),
@@ -1008,10 +1026,8 @@ impl Rush {
                 ws.status = "ready".into();
             }
         }
-        let rt = self.rt_workers.entry(w).or_default();
-        rt.registered = true;
-        rt.last_hb = Some(now);
-        rt.parked = Some(tx);
+        self.touch(w, now, wall);
+        self.rt_workers.entry(w).or_default().parked = Some(tx);
         self.dispatch(now, wall, fx);
     }
 
@@ -1186,9 +1202,7 @@ impl Rush {
             self.check_lease(&r, &req.task_id, &req.lease_id)?;
         }
         let w = r.worker_id;
-        let rt = self.rt_workers.entry(w).or_default();
-        rt.last_hb = Some(now);
-        rt.registered = true;
+        self.touch(w, now, wall);
         let recovered = self.worker_status(w) == "stale";
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.health_check_at = Some(iso_millis(wall));
@@ -1237,6 +1251,7 @@ impl Rush {
         let r = req.worker.clone().unwrap_or_default();
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
+        self.touch(w, now, wall);
         let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
         ts.status = "complete".into();
         ts.commit = Some(req.commit.clone());
@@ -1293,6 +1308,7 @@ impl Rush {
         let r = req.worker.clone().unwrap_or_default();
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
+        self.touch(w, now, wall);
         let t = req.task_id.clone();
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
@@ -1977,6 +1993,22 @@ impl Rush {
                 && l < self.doc.current_level
             {
                 self.start_level(l, wall);
+            }
+            // Slots that gave up (or were blocked) get a fresh start: the user fixed the cause.
+            for w in 0..self.doc.rush.workers {
+                let dead = matches!(
+                    self.worker_status(w),
+                    "gave_up" | "blocked" | "exited" | "done"
+                );
+                let live = self.rt_workers.get(&w).is_some_and(|r| r.spawned.is_some());
+                if dead && !live {
+                    if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+                        ws.spawn_failures = 0;
+                        ws.respawn_times_ms.clear();
+                        ws.reason = None;
+                    }
+                    self.spawn_slot(w, now, fx);
+                }
             }
             self.dispatch(now, wall, fx);
         } else {

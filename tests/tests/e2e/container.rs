@@ -1,0 +1,424 @@
+//! Container mode on the machine's real Docker engine (issue: container mode, FR-7).
+//!
+//! These tests skip, saying why, when no engine is reachable. With `ZERG_REQUIRE_DOCKER=1`
+//! (set by CI when the engine is present) a missing engine is a failure instead.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use zerg_tests::*;
+
+const T: Duration = Duration::from_secs(240);
+const IMAGE: &str = "zerg-worker:e2e";
+
+/// Container tests exercise crashes and restarts, not staleness: lenient heartbeat limits keep
+/// a loaded machine from adding false stale detections.
+const CONTAINER_WORKERS: &str = "workers:
+  heartbeat_interval_seconds: 0.5
+  heartbeat_stale_threshold: 15
+  task_stale_timeout_seconds: 30
+  backoff_base_seconds: 0.1
+  backoff_max_seconds: 0.5
+  spawn_backoff_base_seconds: 0.1
+  spawn_backoff_max_seconds: 0.5
+  stop_grace_seconds: 1
+  spawn_ready_timeout_seconds: 60
+";
+
+/// Builds the test image once (offline: host binaries plus the fake agent CLI; cached by the
+/// builder). Returns false when no engine is reachable and skipping is allowed.
+fn docker_ready() -> bool {
+    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = READY.get_or_init(|| {
+        let info = Command::new("docker")
+            .args(["info", "--format", "{{.ServerVersion}}"])
+            .output();
+        match info {
+            Ok(o) if o.status.success() => {}
+            _ => return Err("no Docker engine reachable".into()),
+        }
+        let out = Command::new(bin("zergctl"))
+            .args(["image", "build", "--offline", "--tag", IMAGE, "--with"])
+            .arg(bin("fake-claude"))
+            .arg("--agent")
+            .arg(bin("zerg-worker-agent"))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            panic!(
+                "zergctl image build failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => true,
+        Err(why) if std::env::var("ZERG_REQUIRE_DOCKER").as_deref() == Ok("1") => {
+            panic!("ZERG_REQUIRE_DOCKER=1 but {why}")
+        }
+        Err(why) => {
+            eprintln!("skipping: {why} (container-mode tests need a Docker engine)");
+            false
+        }
+    }
+}
+
+fn container_config(repo: &TestRepo, image: &str) {
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  command: [fake-claude, --print, --dangerously-skip-permissions]\n  timeout_seconds: 120\ncontainer:\n  image: {image}\nresources:\n  container_memory_limit: 512m\n  container_cpu_limit: 1.0\n{CONTAINER_WORKERS}"
+        ),
+    )
+    .unwrap();
+}
+
+fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Containers (running or not) of a rush, by label.
+fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
+    let filter = format!("label=zerg.rush={rush_id}");
+    let mut args = vec!["ps", "-q", "--filter", filter.as_str()];
+    if all {
+        args.push("-a");
+    }
+    docker(&args)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn wait_no_containers(rush_id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !containers_of(rush_id, true).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "containers left behind: {:?}",
+            containers_of(rush_id, true)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn container_running(st: &Value, task: &str) -> Option<String> {
+    st["workers"]
+        .as_object()?
+        .values()
+        .find(|w| w["current_task"] == task && w["status"] == "running")
+        .and_then(|w| w["container_id"].as_str())
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+}
+
+#[test]
+fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("ct", &graph_12("ct"));
+    container_config(&repo, IMAGE);
+    // One task proves the spec (with task-graph.json) is readable inside the container.
+    repo.write_script(
+        "ct",
+        &json!({"tasks": {"G-L1-001": [
+            {"op": "write_owned"},
+            {"op": "print", "text": "checking the spec mount"}
+        ]}}),
+    );
+    let d = Daemon::start();
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", "ct", "--workers", "3", "--mode", "container"],
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let st = d.status(&repo.path, "ct").unwrap();
+    assert_eq!(st["state"], "complete");
+    assert_eq!(st["mode"], "container");
+    assert_eq!(repo.task_ids_on("zerg/ct/staging"), graph_12_ids());
+    assert!(
+        st["workers"]["0"]["container_id"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+    );
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    wait_no_containers(&rush_id);
+    // The host's git is intact.
+    git(&repo.path, &["fsck", "--no-progress"]);
+    assert_eq!(
+        git(&repo.path, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        "main"
+    );
+}
+
+#[test]
+fn a_worker_container_runs_hardened_with_the_spec_read_only() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    let marker = repo.path.parent().unwrap().join("inside");
+    repo.write_graph("hard", &graph_12("hard"));
+    container_config(&repo, IMAGE);
+    repo.write_script("hard", &json!({"default": [{"op": "tick", "count": 80, "interval_ms": 100}, {"op": "write_owned"}]}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "hard",
+                "--workers",
+                "1",
+                "--mode",
+                "container",
+                "--detach"
+            ]
+        )
+        .status
+        .success()
+    );
+    let st = d.wait_for(&repo.path, "hard", T, "a running container", |s| {
+        container_running(s, "G-L1-001").is_some()
+    });
+    let id = container_running(&st, "G-L1-001").unwrap();
+    let inspect: Value = serde_json::from_str(&docker(&["inspect", &id])).expect("inspect JSON");
+    let c = &inspect[0];
+    let user = c["Config"]["User"].as_str().unwrap_or("");
+    assert!(
+        !user.is_empty() && !user.starts_with("0:") && user != "0" && user != "root",
+        "runs as {user:?}"
+    );
+    assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
+    let secopt = c["HostConfig"]["SecurityOpt"].to_string();
+    assert!(secopt.contains("no-new-privileges"), "{secopt}");
+    assert!(c["HostConfig"]["Memory"].as_i64().unwrap() > 0);
+    assert!(c["HostConfig"]["NanoCpus"].as_i64().unwrap() > 0);
+    assert!(c["HostConfig"]["PidsLimit"].as_i64().unwrap() > 0);
+    let mounts = c["Mounts"].as_array().unwrap();
+    let spec = mounts
+        .iter()
+        .find(|m| m["Destination"] == "/workspace/.gsd/specs/hard")
+        .unwrap_or_else(|| panic!("no spec mount: {mounts:?}"));
+    assert_eq!(spec["RW"], false, "spec mount must be read-only");
+    assert!(
+        mounts
+            .iter()
+            .all(|m| !m["Source"].as_str().unwrap_or("").contains("docker.sock")),
+        "docker.sock mounted: {mounts:?}"
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["Destination"] == "/workspace" && m["RW"] == true)
+    );
+    // Inside: task-graph.json is readable at the expected path, and the process is not root.
+    let out = Command::new("docker")
+        .args([
+            "exec",
+            &id,
+            "sh",
+            "-c",
+            "test -r /workspace/.gsd/specs/hard/task-graph.json && id -u",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+    let _ = marker;
+    let _ = d.ctl_in(&repo.path, &["stop", "hard", "--force"]);
+    wait_no_containers(st["rush_id"].as_str().unwrap());
+}
+
+#[test]
+fn docker_kill_of_a_worker_container_mid_task_is_reassigned() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("dk", &graph_12("dk"));
+    container_config(&repo, IMAGE);
+    repo.write_script(
+        "dk",
+        &json!({"tasks": {"G-L2-001": {"attempts": [
+            [{"op": "touch", "path": "/zerg/state/dk-mid-task"}, {"op": "tick", "count": 600, "interval_ms": 100}],
+            [{"op": "write_owned"}]
+        ]}}}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "dk",
+                "--workers",
+                "3",
+                "--mode",
+                "container",
+                "--detach"
+            ]
+        )
+        .status
+        .success()
+    );
+    let st = d.wait_for(&repo.path, "dk", T, "G-L2-001 in a container", |s| {
+        container_running(s, "G-L2-001").is_some()
+    });
+    let id = container_running(&st, "G-L2-001").unwrap();
+    // Kill only once the agent CLI is really running inside the container.
+    let mid = repo.path.join(".zerg/state/dk-mid-task");
+    let deadline = Instant::now() + T;
+    while !mid.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never started G-L2-001"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    docker(&["kill", &id]);
+    let st = d.wait_end(&repo.path, "dk", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/dk/staging"), graph_12_ids());
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert_eq!(st["tasks"]["G-L2-001"]["crashes"], 1, "{log}");
+    assert_eq!(st["tasks"]["G-L2-001"]["attempts"], 1, "{log}");
+    assert!(
+        log.contains("crashed: 137") || log.contains("crashed: signal 9") || log.contains("OOM"),
+        "{log}"
+    );
+    wait_no_containers(st["rush_id"].as_str().unwrap());
+}
+
+#[test]
+fn a_missing_image_is_retried_then_refused_with_its_name_while_status_answers() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("mi", &graph_12("mi"));
+    container_config(&repo, "zerg-worker:missing");
+    // Slower backoff so the retries are observable.
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        "container:\n  image: zerg-worker:missing\nworkers:\n  spawn_retry_attempts: 3\n  spawn_backoff_base_seconds: 0.5\n  spawn_backoff_max_seconds: 2\n",
+    )
+    .unwrap();
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "mi",
+                "--workers",
+                "2",
+                "--mode",
+                "container",
+                "--detach"
+            ]
+        )
+        .status
+        .success()
+    );
+    // While spawns are being retried, status answers (the loop never blocks on a retry).
+    let st = d.wait_for(&repo.path, "mi", T, "a spawn retry in backoff", |s| {
+        s["workers"]
+            .as_object()
+            .is_some_and(|w| w.values().any(|x| x["status"] == "backoff"))
+    });
+    let t0 = Instant::now();
+    let out = d.ctl_in(&repo.path, &["status", "mi"]);
+    let latency = t0.elapsed();
+    assert!(out.status.success());
+    eprintln!("status latency during spawn backoff: {latency:?}");
+    assert!(
+        st["workers"]["0"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("zerg-worker:missing")
+            || st["workers"]["1"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("zerg-worker:missing"),
+        "{st}"
+    );
+    let st = d.wait_end(&repo.path, "mi", T);
+    assert_eq!(st["state"], "failed");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("image zerg-worker:missing not found"),
+        "{reason}"
+    );
+    assert!(reason.contains("zergctl image build"), "{reason}");
+    assert_eq!(st["resilience"]["spawn_retries"], 6);
+}
+
+#[test]
+fn after_kill_9_of_zergd_with_containers_running_none_is_left_behind() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("zc", &graph_12("zc"));
+    container_config(&repo, IMAGE);
+    repo.write_script("zc", &json!({"default": [{"op": "tick", "count": 8, "interval_ms": 100}, {"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "zc",
+                "--workers",
+                "3",
+                "--mode",
+                "container",
+                "--detach"
+            ]
+        )
+        .status
+        .success()
+    );
+    let st = d.wait_for(&repo.path, "zc", T, "three running containers", |s| {
+        s["workers"]
+            .as_object()
+            .is_some_and(|w| w.values().filter(|x| x["status"] == "running").count() == 3)
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    assert!(!containers_of(&rush_id, false).is_empty());
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    d.restart();
+    let st = d.wait_end(&repo.path, "zc", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/zc/staging"), graph_12_ids());
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(log.contains("zergd restarted; resuming rush zc"), "{log}");
+    assert!(
+        log.contains("reconnected after zergd restart"),
+        "containers were not re-adopted:\n{log}"
+    );
+    wait_no_containers(&rush_id);
+}
