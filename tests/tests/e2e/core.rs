@@ -413,3 +413,41 @@ fn the_demo_runs() {
     assert!(stdout.contains("complete: 6/6"), "{stdout}");
     assert!(stdout.contains("modified by DEMO-L3-001"), "{stdout}");
 }
+
+#[test]
+fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
+    let repo = TestRepo::new();
+    let graph = json!({"feature": "mc", "tasks": [
+        {"id": "M-L1-001", "title": "owner", "level": 1, "files": {"create": ["x.txt"], "modify": [], "read": []}},
+        {"id": "M-L1-002", "title": "trespasser", "level": 1, "files": {"create": ["y.txt"], "modify": [], "read": []}},
+        {"id": "M-L2-001", "title": "later", "level": 2, "dependencies": ["M-L1-001"], "files": {"create": ["z.txt"], "modify": [], "read": []}}
+    ]});
+    repo.write_graph("mc", &graph.to_string());
+    repo.write_config(FAST_WORKERS);
+    // M-L1-002 writes the file M-L1-001 owns, with other content: the two branches conflict.
+    repo.write_script("mc", &json!({"tasks": {
+        "M-L1-001": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 1500}],
+        "M-L1-002": [{"op": "write_owned"}, {"op": "write", "path": "x.txt", "content": "not yours\n"}]
+    }}));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "mc", "--workers", "2"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let st = d.status(&repo.path, "mc").unwrap();
+    assert_eq!(st["state"], "paused", "{st}");
+    assert_eq!(st["levels"]["1"]["merge_status"], "conflict");
+    assert_eq!(st["levels"]["1"]["conflicts"], json!(["x.txt"]));
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("x.txt") && reason.contains("M-L1-001"),
+        "{reason}"
+    );
+    // Level 2 did not start on an unmerged level.
+    assert_eq!(st["tasks"]["M-L2-001"]["status"], "pending");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("paused"), "{text}");
+}

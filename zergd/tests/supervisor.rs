@@ -1,0 +1,379 @@
+//! Integration tests of the supervisor actor with a fake launcher: the real event loop, real
+//! git and the real state store, with the test playing the worker agents through the same
+//! commands the gRPC layer sends.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use zerg_proto::v1;
+use zergd::clock::SystemClock;
+use zergd::launcher::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
+use zergd::supervisor::{ControlCmd, Event, Handle, Settings, Supervisor, WorkerCmd};
+
+/// A launcher that starts nothing: it hands each spawn to the test and lets the test end
+/// workers.
+#[derive(Clone, Default)]
+struct FakeLauncher {
+    spawns: Arc<Mutex<Option<mpsc::UnboundedSender<WorkerSpec>>>>,
+    sinks: Arc<Mutex<HashMap<(u32, u64), ExitSink>>>,
+    fail_next: Arc<Mutex<u32>>,
+}
+
+impl FakeLauncher {
+    fn exit(&self, worker: u32, generation: u64, info: ExitInfo) {
+        if let Some(sink) = self.sinks.lock().unwrap().remove(&(worker, generation)) {
+            sink(info);
+        }
+    }
+}
+
+impl Launcher for FakeLauncher {
+    fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            {
+                let mut f = me.fail_next.lock().unwrap();
+                if *f > 0 {
+                    *f -= 1;
+                    return Err(SpawnError::new("fake spawn failure"));
+                }
+            }
+            me.sinks
+                .lock()
+                .unwrap()
+                .insert((spec.worker_id, spec.generation), on_exit);
+            let id = format!("fake-{}-{}", spec.worker_id, spec.generation);
+            if let Some(tx) = me.spawns.lock().unwrap().as_ref() {
+                let _ = tx.send(spec);
+            }
+            Ok(Spawned {
+                pid: None,
+                start_time: None,
+                container_id: Some(id),
+            })
+        })
+    }
+
+    fn stop(&self, worker: Spawned, _grace: Duration) -> BoxFuture<()> {
+        let me = self.clone();
+        Box::pin(async move {
+            let id = worker.container_id.unwrap_or_default();
+            let key = me
+                .sinks
+                .lock()
+                .unwrap()
+                .keys()
+                .find(|(w, g)| format!("fake-{w}-{g}") == id)
+                .copied();
+            if let Some((w, g)) = key {
+                me.exit(w, g, ExitInfo::Signal(15));
+            }
+        })
+    }
+
+    fn is_alive(&self, worker: Spawned) -> BoxFuture<bool> {
+        let me = self.clone();
+        Box::pin(async move {
+            let id = worker.container_id.unwrap_or_default();
+            me.sinks
+                .lock()
+                .unwrap()
+                .keys()
+                .any(|(w, g)| format!("fake-{w}-{g}") == id)
+        })
+    }
+
+    fn watch(&self, _worker: Spawned, _on_exit: ExitSink) {}
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t.invalid"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn repo(dir: &Path) -> PathBuf {
+    let r = dir.join("repo");
+    std::fs::create_dir_all(r.join(".gsd/specs/f")).unwrap();
+    git(&r, &["init", "-q", "-b", "main"]);
+    std::fs::write(r.join("README.md"), "x\n").unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "init"]);
+    let graph = serde_json::json!({"feature": "f", "tasks": [
+        {"id": "F-L1-001", "title": "a", "level": 1, "files": {"create": ["a.txt"], "modify": [], "read": []}},
+        {"id": "F-L1-002", "title": "b", "level": 1, "files": {"create": ["b.txt"], "modify": [], "read": []}},
+        {"id": "F-L2-001", "title": "c", "level": 2, "dependencies": ["F-L1-001", "F-L1-002"],
+         "files": {"create": ["c.txt"], "modify": [], "read": []}}
+    ]});
+    std::fs::write(r.join(".gsd/specs/f/task-graph.json"), graph.to_string()).unwrap();
+    std::fs::create_dir_all(r.join(".zerg")).unwrap();
+    std::fs::write(
+        r.join(".zerg/config.yaml"),
+        "workers:\n  spawn_backoff_base_seconds: 0.05\n  spawn_backoff_max_seconds: 0.1\n  heartbeat_interval_seconds: 1\n  heartbeat_stale_threshold: 30\n",
+    )
+    .unwrap();
+    r
+}
+
+fn me(spec: &WorkerSpec) -> Option<v1::WorkerRef> {
+    Some(v1::WorkerRef {
+        rush_id: spec.rush_id.clone(),
+        worker_id: spec.worker_id,
+        generation: spec.generation,
+    })
+}
+
+/// Registers a spawned worker and leases its next task.
+async fn lease(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
+    h.ask(|tx| {
+        Event::Worker(WorkerCmd::Register(
+            v1::RegisterRequest {
+                worker: me(spec),
+                pid: 1,
+                ..Default::default()
+            },
+            tx,
+        ))
+    })
+    .await
+    .unwrap();
+    next(h, spec).await
+}
+
+async fn next(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        h.ask(|tx| Event::Worker(WorkerCmd::Lease(v1::LeaseRequest { worker: me(spec) }, tx))),
+    )
+    .await
+    .expect("a lease reply")
+    .unwrap()
+}
+
+fn task(reply: v1::LeaseReply) -> v1::Task {
+    match reply.outcome {
+        Some(v1::lease_reply::Outcome::Task(t)) => t,
+        other => panic!("expected a task, got {other:?}"),
+    }
+}
+
+/// Does the task's work in the worker's worktree, as the agent would, and reports it.
+async fn complete(h: &Handle, spec: &WorkerSpec, t: &v1::Task) {
+    let wt = &spec.worktree;
+    git(wt, &["reset", "--hard", "-q", &t.base_commit]);
+    for f in &t.files_create {
+        std::fs::write(wt.join(f), &t.id).unwrap();
+    }
+    git(wt, &["add", "-A"]);
+    git(
+        wt,
+        &[
+            "commit",
+            "-q",
+            "-m",
+            &format!(
+                "ZERG [{}]: {}\n\nTask-ID: {}",
+                spec.worker_id, t.title, t.id
+            ),
+        ],
+    );
+    let commit = git(wt, &["rev-parse", "HEAD"]);
+    let req = v1::CompleteRequest {
+        worker: me(spec),
+        lease_id: t.lease_id.clone(),
+        task_id: t.id.clone(),
+        commit,
+        ..Default::default()
+    };
+    h.ask(|tx| Event::Worker(WorkerCmd::Complete(req, tx)))
+        .await
+        .unwrap();
+}
+
+async fn status(h: &Handle, repo: &Path) -> v1::RushStatus {
+    let req = v1::StatusRequest {
+        repo: repo.to_string_lossy().into(),
+        feature: "f".into(),
+    };
+    h.ask(|tx| Event::Control(ControlCmd::Status(req, tx)))
+        .await
+        .unwrap()
+}
+
+async fn start(
+    dir: &Path,
+    fake: &FakeLauncher,
+) -> (Handle, mpsc::UnboundedReceiver<WorkerSpec>, PathBuf) {
+    let r = repo(dir);
+    let (tx, rx) = mpsc::unbounded_channel();
+    *fake.spawns.lock().unwrap() = Some(tx);
+    let settings = Settings {
+        socket: dir.join("zergd.sock"),
+        agent_bin: PathBuf::from("/unused"),
+        registry_path: dir.join("state/rushes.json"),
+    };
+    let sup = Supervisor::with_launchers(
+        settings,
+        Arc::new(SystemClock),
+        Arc::new(fake.clone()),
+        None,
+    );
+    let h = sup.handle();
+    tokio::spawn(sup.run());
+    let req = v1::RushRequest {
+        repo: r.to_string_lossy().into(),
+        feature: "f".into(),
+        workers: 2,
+        mode: "subprocess".into(),
+    };
+    let reply = h
+        .ask(|tx| Event::Control(ControlCmd::Rush(req, tx)))
+        .await
+        .unwrap();
+    assert!(!reply.resumed);
+    (h, rx, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rush_runs_level_by_level_and_merges_into_staging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let w1 = spawns.recv().await.unwrap();
+    let t0 = task(lease(&h, &w0).await);
+    let t1 = task(lease(&h, &w1).await);
+    assert_eq!(t0.level, 1);
+    assert_eq!(t1.level, 1);
+    assert_ne!(t0.id, t1.id);
+    complete(&h, &w0, &t0).await;
+    complete(&h, &w1, &t1).await;
+    // Level 2 sees both level-1 files: the lease's base commit is the new staging head.
+    let reply = tokio::select! {
+        r = next(&h, &w0) => r,
+        r = next(&h, &w1) => r,
+    };
+    let t2 = task(reply);
+    assert_eq!(t2.id, "F-L2-001");
+    let staging = git(&r, &["rev-parse", "zerg/f/staging"]);
+    assert_eq!(t2.base_commit, staging);
+    let files = git(&r, &["ls-tree", "-r", "--name-only", &staging]);
+    assert!(
+        files.contains("a.txt") && files.contains("b.txt"),
+        "{files}"
+    );
+    let worker = status(&h, &r).await.tasks["F-L2-001"].worker_id.unwrap();
+    let spec = if worker == 0 { &w0 } else { &w1 };
+    complete(&h, spec, &t2).await;
+    // The last merge runs in the background; wait for the rush to end.
+    let mut st = status(&h, &r).await;
+    for _ in 0..1500 {
+        if st.state != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        st = status(&h, &r).await;
+    }
+    assert_eq!(st.state, "complete");
+    let ids = git(
+        &r,
+        &[
+            "log",
+            "--format=%(trailers:key=Task-ID,valueonly)",
+            "main..zerg/f/staging",
+        ],
+    );
+    let mut ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["F-L1-001", "F-L1-002", "F-L2-001"]);
+    // The state file on disk agrees.
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(r.join(".zerg/state/f.json")).unwrap()).unwrap();
+    assert_eq!(doc["rush"]["state"], "complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_is_replaced_and_its_task_goes_to_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let w1 = spawns.recv().await.unwrap();
+    let t0 = task(lease(&h, &w0).await);
+    let t1 = task(lease(&h, &w1).await);
+    complete(&h, &w0, &t0).await;
+    // w0 parks for more work; w1 crashes holding t1.
+    let h2 = h.clone();
+    let w0c = w0.clone();
+    let parked = tokio::spawn(async move { next(&h2, &w0c).await });
+    fake.exit(w1.worker_id, w1.generation, ExitInfo::Signal(9));
+    let got = task(parked.await.unwrap());
+    assert_eq!(
+        got.id, t1.id,
+        "the crashed worker's task goes to the parked one"
+    );
+    // The slot is respawned with a new generation, and the old generation is fenced off.
+    let respawn = tokio::time::timeout(Duration::from_secs(10), spawns.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(respawn.worker_id, w1.worker_id);
+    assert_eq!(respawn.generation, w1.generation + 1);
+    let late = v1::CompleteRequest {
+        worker: me(&w1),
+        lease_id: t1.lease_id.clone(),
+        task_id: t1.id.clone(),
+        commit: "x".into(),
+        ..Default::default()
+    };
+    let err = h
+        .ask(|tx| Event::Worker(WorkerCmd::Complete(late, tx)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    let st = status(&h, &r).await;
+    assert_eq!(st.tasks[&t1.id].crashes, 1);
+    assert_eq!(
+        st.tasks[&t1.id].attempts, 1,
+        "a crash does not count as an attempt"
+    );
+    let res = st.resilience.unwrap();
+    assert_eq!(res.task_reassignments, 1);
+    assert_eq!(res.worker_respawns, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawn_failures_are_retried_while_status_keeps_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    *fake.fail_next.lock().unwrap() = 2;
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    // While the retries are pending the loop answers status.
+    let st = status(&h, &r).await;
+    assert_eq!(st.state, "running");
+    let a = tokio::time::timeout(Duration::from_secs(10), spawns.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(10), spawns.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(a.worker_id, b.worker_id);
+    let st = status(&h, &r).await;
+    assert_eq!(st.resilience.unwrap().spawn_retries, 2);
+}
