@@ -168,12 +168,12 @@ fn main() {
     let crash_at = log
         .lines()
         .find(|l| l.contains("crashed: signal 9"))
-        .map(|l| ms_of(l))
+        .map(ms_of)
         .unwrap();
     let reclaim_at = log
         .lines()
         .filter(|l| l.contains("claimed task G-L1-001"))
-        .map(|l| ms_of(l))
+        .map(ms_of)
         .find(|&t| t >= crash_at)
         .unwrap();
 
