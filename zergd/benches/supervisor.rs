@@ -105,13 +105,13 @@ fn main() {
         row(
             &format!("reconcile, light ({n} tasks)"),
             measure(50, || {
-                r.reconcile(false, now, wall);
+                r.reconcile(false, wall);
             }),
         );
         row(
             &format!("reconcile, thorough ({n} tasks)"),
             measure(50, || {
-                r.reconcile(true, now, wall);
+                r.reconcile(true, wall);
             }),
         );
         row(

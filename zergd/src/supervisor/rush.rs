@@ -645,11 +645,11 @@ impl Rush {
         // The task the worker held goes back to the queue (FR-5).
         if let Some(t) = task.filter(|t| self.task_status(t) == "in_progress") {
             if code == Some(2) {
-                self.requeue(&t, "checkpoint", false, now, wall);
+                self.requeue(&t, "checkpoint", wall);
             } else if !expected {
-                self.crash_task(&t, w, &format!("worker exited: {desc}"), now, wall);
+                self.crash_task(&t, w, &format!("worker exited: {desc}"), wall);
             } else {
-                self.requeue(&t, "worker stopped", false, now, wall);
+                self.requeue(&t, "worker stopped", wall);
             }
         }
 
@@ -1018,7 +1018,7 @@ impl Rush {
             .get(&w.to_string())
             .and_then(|x| x.current_task.clone());
         if let Some(t) = held.filter(|t| self.task_status(t) == "in_progress") {
-            self.requeue(&t, "lease abandoned by its worker", false, now, wall);
+            self.requeue(&t, "lease abandoned by its worker", wall);
         }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
@@ -1323,7 +1323,7 @@ impl Rush {
                     wall + self.task_backoff().jittered(1)
                 };
                 self.doc.rush.rate_limited_until_ms = unix_millis(until);
-                self.requeue(&t, "rate limited", false, now, wall);
+                self.requeue(&t, "rate limited", wall);
                 self.event(
                     wall,
                     Source::Worker(w),
@@ -1341,15 +1341,13 @@ impl Rush {
                     ts.resume_from =
                         (!req.checkpoint_commit.is_empty()).then(|| req.checkpoint_commit.clone());
                 }
-                self.requeue(&t, "checkpoint", false, now, wall);
+                self.requeue(&t, "checkpoint", wall);
             }
             "agent_missing" => {
                 self.set_worker_status(w, "ready", Some(req.message.clone()));
                 self.requeue(
                     &t,
                     &format!("worker cannot run the agent: {}", req.message),
-                    false,
-                    now,
                     wall,
                 );
             }
@@ -1408,7 +1406,7 @@ impl Rush {
 
 impl Rush {
     /// Puts an in-progress task back to pending without counting an attempt.
-    fn requeue(&mut self, t: &str, why: &str, _count: bool, _now: Instant, wall: SystemTime) {
+    fn requeue(&mut self, t: &str, why: &str, wall: SystemTime) {
         let Some(ts) = self.doc.tasks.get_mut(t) else {
             return;
         };
@@ -1428,7 +1426,7 @@ impl Rush {
     }
 
     /// The worker holding a task died: requeue at once without counting an attempt (FR-5).
-    fn crash_task(&mut self, t: &str, w: u32, why: &str, now: Instant, wall: SystemTime) {
+    fn crash_task(&mut self, t: &str, w: u32, why: &str, wall: SystemTime) {
         let cap = self.config.workers.max_respawn_attempts.max(3);
         let Some(ts) = self.doc.tasks.get_mut(t) else {
             return;
@@ -1446,7 +1444,7 @@ impl Rush {
             );
             return;
         }
-        self.requeue(t, "worker_crash", false, now, wall);
+        self.requeue(t, "worker_crash", wall);
         self.event(
             wall,
             Source::Worker(w),
@@ -1460,7 +1458,6 @@ impl Rush {
     /// A task attempt failed: retry with backoff, or fail for good.
     fn fail_attempt(&mut self, t: &str, w: u32, why: &str, now: Instant, wall: SystemTime) {
         let max = self.config.workers.retry_attempts;
-        let resilient = true; // Task retries are part of the core, not of the resilience switch.
         let backoff = self.task_backoff();
         let Some(ts) = self.doc.tasks.get_mut(t) else {
             return;
@@ -1469,7 +1466,8 @@ impl Rush {
         ts.error = Some(why.to_string());
         ts.lease_id = None;
         let n = ts.retry_count;
-        if resilient && n <= max {
+        // Task retries are part of the core, not of the resilience switch.
+        if n <= max {
             let delay = backoff.jittered(n);
             ts.status = "waiting_retry".into();
             ts.next_retry_at = Some(iso_millis(wall + delay));
@@ -1740,7 +1738,7 @@ impl Rush {
             json!({"level": level, "merge_commit": head}),
         );
         // A thorough reconciliation before the level advances (FR-4).
-        self.reconcile(true, now, wall);
+        self.reconcile(true, wall);
         match self.first_open_level() {
             Some(next) => {
                 self.start_level(next, wall);
@@ -1889,7 +1887,7 @@ impl Rush {
             .map(|(id, _)| id.clone())
             .collect();
         for t in in_progress {
-            self.requeue(&t, "rush stopped", false, now, wall);
+            self.requeue(&t, "rush stopped", wall);
         }
         self.doc.rush.finished_at = iso_millis(wall);
         self.set_state(
@@ -2105,7 +2103,7 @@ impl Rush {
             }
         }
         if now >= self.next_reconcile {
-            self.reconcile(false, now, wall);
+            self.reconcile(false, wall);
             self.next_reconcile = now + self.reconcile_interval();
         }
         due(self.next_reconcile);
@@ -2266,7 +2264,7 @@ impl Rush {
                         json!({"worker_id": w, "task_id": task}),
                     );
                     if let Some(t) = task.filter(|t| self.task_status(t) == "in_progress") {
-                        self.crash_task(&t, w, "worker heartbeat stale", now, wall);
+                        self.crash_task(&t, w, "worker heartbeat stale", wall);
                         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
                             ws.current_task = None;
                         }
@@ -2334,7 +2332,7 @@ impl Rush {
 
     /// Compares task, worker and level state and fixes what disagrees (FR-4). `thorough` runs
     /// at level transitions.
-    pub fn reconcile(&mut self, thorough: bool, now: Instant, wall: SystemTime) -> u32 {
+    pub fn reconcile(&mut self, thorough: bool, wall: SystemTime) -> u32 {
         let mut fixes: Vec<String> = Vec::new();
         // A missing level is parsed from the id (`*-L{n}-*`) or taken from the graph.
         let graph_levels: HashMap<String, u32> = self
@@ -2374,10 +2372,8 @@ impl Rush {
         for (t, w) in orphaned {
             fixes.push(format!("task {t} was in progress on dead or idle worker {w:?}; failed with worker_crash and requeued"));
             match w {
-                Some(w) => {
-                    self.crash_task(&t, w, "reconciliation found its worker gone", now, wall)
-                }
-                None => self.requeue(&t, "reconciliation: no worker", false, now, wall),
+                Some(w) => self.crash_task(&t, w, "reconciliation found its worker gone", wall),
+                None => self.requeue(&t, "reconciliation: no worker", wall),
             }
         }
         // Workers that claim a task the task does not agree with.
@@ -2441,7 +2437,7 @@ impl Rush {
                 fixes.push(format!(
                     "task {t} was running ahead of level {cur}; requeued"
                 ));
-                self.requeue(&t, "reconciliation: ahead of its level", false, now, wall);
+                self.requeue(&t, "reconciliation: ahead of its level", wall);
             }
         }
         let n = fixes.len() as u32;

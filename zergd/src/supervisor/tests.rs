@@ -4,7 +4,7 @@
 //! take no real time. Lease replies travel over real oneshot channels; the replies the machine
 //! queues in [`Effects`] are delivered right after each call, as the actor does after saving.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -16,11 +16,11 @@ use zerg_proto::graph::TaskGraph;
 use zerg_proto::v1;
 use zerg_proto::v1::lease_reply::Outcome;
 
-use super::rush::{Effects, MergeResult, Rush, RushPaths, worker_branch};
+use super::rush::{Effects, MergeResult, Rush, RushPaths};
 use crate::config::{Config, WorkersConfig};
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::Monitor;
-use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
+use crate::state::{RushMeta, TaskState, WorkerState};
 
 const FEATURE: &str = "feat";
 const RUSH_ID: &str = "feat-1";
@@ -86,73 +86,27 @@ impl H {
     fn new(tasks: Vec<Value>, workers: u32, config: Config) -> H {
         let graph = graph(tasks);
         let paths = RushPaths::new(PathBuf::from("/nonexistent/repo"), FEATURE);
-        let mut doc = StateDoc {
-            format_version: FORMAT_VERSION,
-            feature: FEATURE.into(),
-            rush: RushMeta {
-                rush_id: RUSH_ID.into(),
-                repo: "/nonexistent/repo".into(),
-                mode: "subprocess".into(),
-                workers,
-                state: "pending".into(),
-                base_branch: "main".into(),
-                base_commit: "base".into(),
-                staging_head: "base".into(),
-                ..Default::default()
-            },
+        let meta = RushMeta {
+            rush_id: RUSH_ID.into(),
+            repo: "/nonexistent/repo".into(),
+            mode: "subprocess".into(),
+            workers,
+            base_branch: "main".into(),
+            base_commit: "base".into(),
             ..Default::default()
         };
-        for t in &graph.tasks {
-            doc.tasks.insert(
-                t.id.clone(),
-                TaskState {
-                    status: "pending".into(),
-                    level: Some(t.level),
-                    title: t.title.clone(),
-                    ..Default::default()
-                },
-            );
-        }
-        for l in graph.levels().keys() {
-            doc.levels.insert(
-                l.to_string(),
-                LevelState {
-                    status: "pending".into(),
-                    merge_status: "pending".into(),
-                    ..Default::default()
-                },
-            );
-        }
-        for w in 0..workers {
-            doc.workers.insert(
-                w.to_string(),
-                WorkerState {
-                    worker_id: w,
-                    status: "starting".into(),
-                    worktree_path: paths.worker_worktree(w).to_string_lossy().into_owned(),
-                    branch: worker_branch(FEATURE, w),
-                    accepted_head: "base".into(),
-                    ..Default::default()
-                },
-            );
-        }
+        let doc = super::jobs::initial_doc(&graph, meta, &paths, SystemTime::UNIX_EPOCH);
         let now = Instant::now();
-        let r = Rush {
+        let mut r = Rush::new(
             doc,
             graph,
             config,
             paths,
-            spec_context: "feature context".into(),
-            rt_tasks: HashMap::new(),
-            rt_workers: BTreeMap::new(),
-            monitor: Monitor::disabled(FEATURE),
-            dirty: false,
-            merging: false,
-            next_reconcile: now,
-            escalations: vec![],
-            messages: vec![],
-            brake_at: None,
-        };
+            "feature context".into(),
+            Monitor::disabled(FEATURE),
+            now,
+        );
+        r.dirty = false;
         H {
             r,
             now,
@@ -1370,7 +1324,7 @@ fn reconcile_requeues_tasks_whose_worker_is_gone() {
     h.join(1).expect("task");
     // The process is gone, but its exit was never reported.
     h.r.rt_workers.get_mut(&0).expect("slot 0").spawned = None;
-    let n = h.r.reconcile(false, h.now, h.wall);
+    let n = h.r.reconcile(false, h.wall);
     assert!(n >= 1);
     let ts = h.task("A-L1-001");
     assert_eq!(ts.status, "pending");
@@ -1391,11 +1345,7 @@ fn reconcile_requeues_tasks_whose_worker_is_gone() {
     );
     assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, u64::from(n));
     assert!(h.logged("state_reconcile_fix"));
-    assert_eq!(
-        h.r.reconcile(false, h.now, h.wall),
-        0,
-        "nothing left to fix"
-    );
+    assert_eq!(h.r.reconcile(false, h.wall), 0, "nothing left to fix");
 }
 
 #[test]
@@ -1409,7 +1359,7 @@ fn reconcile_recalculates_level_status_and_fills_in_missing_levels() {
     h.r.doc.levels.get_mut("1").expect("level 1").status = "complete".into();
     h.r.doc.levels.get_mut("2").expect("level 2").status = "failed".into();
     h.r.doc.tasks.get_mut("A-L2-001").expect("task").level = None;
-    let n = h.r.reconcile(true, h.now, h.wall);
+    let n = h.r.reconcile(true, h.wall);
     assert_eq!(n, 3);
     assert_eq!(h.r.doc.levels["1"].status, "running", "the current level");
     assert_eq!(h.r.doc.levels["2"].status, "pending");
