@@ -277,7 +277,7 @@ async fn a_rush_runs_level_by_level_and_merges_into_staging() {
         "{files}"
     );
     let worker = status(&h, &r).await.tasks["F-L2-001"].worker_id.unwrap();
-    let spec = if worker == 0 { &w0 } else { &w1 };
+    let spec = if w0.worker_id == worker { &w0 } else { &w1 };
     complete(&h, spec, &t2).await;
     // The last merge runs in the background; wait for the rush to end.
     let mut st = status(&h, &r).await;
