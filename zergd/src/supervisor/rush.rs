@@ -504,6 +504,15 @@ impl Rush {
         }
         match result {
             Ok(sp) => {
+                // A worker that died at once may report its exit before its spawn: that exit
+                // was already handled, and the handle is of a dead process.
+                if self
+                    .rt_workers
+                    .get(&w)
+                    .is_some_and(|rt| rt.handled_gen >= generation)
+                {
+                    return;
+                }
                 if self.is_terminal() || self.worker_status(w) == "stopping" {
                     fx.stop.push((w, sp, Duration::ZERO));
                     return;

@@ -1627,3 +1627,38 @@ fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
     assert_eq!(h.task("A-L1-001").resume_from, None);
     assert_eq!(h.task("A-L1-001").status, "complete");
 }
+
+#[test]
+fn an_exit_reported_before_its_spawn_counts_once() {
+    let mut h = H::new(
+        vec![serde_json::json!({"id": "T-L1-001", "title": "t", "level": 1})],
+        1,
+        Config::default(),
+    );
+    let mut fx = Effects::default();
+    h.r.start(h.now, h.wall, &mut fx);
+    let (w, generation) = fx.spawn[0];
+    // The process died before the launcher returned: the exit arrives first.
+    let mut fx = Effects::default();
+    h.r.on_exit(w, generation, ExitInfo::Code(1), h.now, h.wall, &mut fx);
+    assert_eq!(h.r.doc.workers["0"].spawn_failures, 1);
+    let mut fx = Effects::default();
+    h.r.on_spawned(
+        w,
+        generation,
+        Ok(Spawned {
+            pid: Some(4242),
+            start_time: None,
+            container_id: None,
+        }),
+        h.now,
+        h.wall,
+        &mut fx,
+    );
+    assert!(
+        h.r.rt_workers[&w].spawned.is_none(),
+        "a dead process must not be tracked as live"
+    );
+    assert_eq!(h.r.doc.workers["0"].status, "backoff");
+    assert_eq!(h.r.doc.workers["0"].spawn_failures, 1);
+}
