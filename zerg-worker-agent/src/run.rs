@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 /// How a child process ended.
 #[derive(Debug, Clone, Default)]
@@ -22,7 +22,16 @@ pub struct Outcome {
     pub tail: String,
     /// A usage/rate limit was reported: `Some(reset time in Unix ms, 0 if unknown)`.
     pub rate_limit: Option<i64>,
+    /// The CLI printed its final stream-json `result` event but did not exit within its grace
+    /// period ([`RESULT_GRACE`] for the agent CLI), so it was killed; the code reflects the
+    /// result's `is_error`.
+    pub lingered: bool,
 }
+
+/// How long a CLI may linger after printing its final `result` event. Claude Code's
+/// `-p --output-format stream-json` sometimes never exits after it (a known hang); the work is
+/// done by then, so waiting for the stale-task watchdog would only throw it away.
+pub const RESULT_GRACE: Duration = Duration::from_secs(5);
 
 impl Outcome {
     /// Whether the process exited 0.
@@ -53,6 +62,8 @@ pub struct Spec<'a> {
     pub artifact: Option<PathBuf>,
     /// Own process group (so a timeout kills everything it started).
     pub own_group: bool,
+    /// How long the process may linger after its final `result` event.
+    pub result_grace: Duration,
 }
 
 /// Runs a process to completion (or timeout). `last_output` is set to the time of every output
@@ -84,18 +95,35 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         file: artifact,
         tail: VecDeque::new(),
         rate_limit: None,
+        result: None,
     }));
+    let done = Arc::new(Notify::new());
     let out = child
         .stdout
         .take()
-        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone())));
+        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone(), done.clone())));
     let err = child
         .stderr
         .take()
-        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone())));
-    let (code, timed_out) = match tokio::time::timeout(spec.timeout, child.wait()).await {
-        Ok(Ok(st)) => (st.code(), false),
-        Ok(Err(e)) => return Err(e),
+        .map(|s| tokio::spawn(pump(s, sink.clone(), last_output.clone(), done.clone())));
+    let waited = tokio::time::timeout(spec.timeout, async {
+        tokio::select! {
+            st = child.wait() => Some(st),
+            _ = async { done.notified().await; tokio::time::sleep(spec.result_grace).await } => None,
+        }
+    })
+    .await;
+    let mut lingered = false;
+    let (code, timed_out) = match waited {
+        Ok(Some(Ok(st))) => (st.code(), false),
+        Ok(Some(Err(e))) => return Err(e),
+        Ok(None) => {
+            // Finished its work but did not exit: stop it and go by its result.
+            lingered = true;
+            kill_child(&mut child, spec.own_group).await;
+            let is_error = sink.lock().await.result.unwrap_or(true);
+            (Some(i32::from(is_error)), false)
+        }
         Err(_) => {
             if spec.own_group
                 && let Some(pid) = child.id()
@@ -122,16 +150,43 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         timed_out,
         tail: s.tail.iter().cloned().collect::<Vec<_>>().join("\n"),
         rate_limit: s.rate_limit,
+        lingered,
     })
+}
+
+async fn kill_child(child: &mut tokio::process::Child, own_group: bool) {
+    if own_group && let Some(pid) = child.id() {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = child.kill().await;
 }
 
 struct Sink {
     file: Option<tokio::fs::File>,
     tail: VecDeque<String>,
     rate_limit: Option<i64>,
+    /// `is_error` of the final stream-json `result` event, once seen.
+    result: Option<bool>,
 }
 
-async fn pump<R: AsyncRead + Unpin>(r: R, sink: Arc<Mutex<Sink>>, last_output: Arc<AtomicI64>) {
+/// `Some(is_error)` when the line is a stream-json `result` event.
+pub fn result_event(line: &str) -> Option<bool> {
+    if !line.trim_start().starts_with('{') || !line.contains("\"result\"") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    (v["type"] == "result").then(|| v["is_error"].as_bool().unwrap_or(false))
+}
+
+async fn pump<R: AsyncRead + Unpin>(
+    r: R,
+    sink: Arc<Mutex<Sink>>,
+    last_output: Arc<AtomicI64>,
+    done: Arc<Notify>,
+) {
     let mut lines = BufReader::new(r).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         last_output.store(now_ms(), Ordering::Relaxed);
@@ -142,6 +197,10 @@ async fn pump<R: AsyncRead + Unpin>(r: R, sink: Arc<Mutex<Sink>>, last_output: A
         }
         if let Some(rl) = detect_rate_limit(&line) {
             s.rate_limit = Some(rl);
+        }
+        if let Some(is_error) = result_event(&line) {
+            s.result = Some(is_error);
+            done.notify_one();
         }
         s.tail.push_back(line);
         if s.tail.len() > 20 {
@@ -237,6 +296,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             artifact: Some(dir.path().join("out.txt")),
             own_group: true,
+            result_grace: RESULT_GRACE,
         };
         let o = run(spec, last.clone()).await.unwrap();
         assert_eq!(o.code, Some(3));
@@ -255,10 +315,51 @@ mod tests {
             timeout: Duration::from_millis(200),
             artifact: None,
             own_group: true,
+            result_grace: RESULT_GRACE,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.timed_out);
         assert!(!o.success());
+    }
+
+    #[test]
+    fn result_events() {
+        assert_eq!(
+            result_event(
+                r#"{"type":"result","subtype":"success","is_error":false,"result":"done"}"#
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            result_event(r#"{"type":"result","is_error":true,"result":"x"}"#),
+            Some(true)
+        );
+        assert_eq!(
+            result_event(r#"{"type":"assistant","message":{"content":"result"}}"#),
+            None
+        );
+        assert_eq!(result_event("the result is in"), None);
+    }
+
+    #[tokio::test]
+    async fn a_cli_that_lingers_after_its_result_is_stopped_and_judged_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                r#"echo '{"type":"result","subtype":"success","is_error":false,"result":"ok"}'; exec sleep 3600"#.into(),
+            ],
+            cwd: dir.path(),
+            env: vec![],
+            timeout: Duration::from_secs(60),
+            artifact: None,
+            own_group: true,
+            result_grace: Duration::from_millis(200),
+        };
+        let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
+        assert!(o.lingered);
+        assert!(o.success(), "{o:?}");
     }
 
     #[tokio::test]
@@ -271,6 +372,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             artifact: None,
             own_group: false,
+            result_grace: RESULT_GRACE,
         };
         let e = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);

@@ -528,6 +528,7 @@ impl Session {
             timeout: Duration::from_secs(self.cfg.agent_timeout_seconds.max(1)),
             artifact: Some(artifacts.join("agent-output.txt")),
             own_group: false,
+            result_grace: run::RESULT_GRACE,
         };
         let outcome = match self.supervise(spec).await {
             None => return self.abandon(&task).await,
@@ -559,6 +560,13 @@ impl Session {
                     .await;
             }
         };
+
+        if outcome.lingered {
+            eprintln!(
+                "zerg-worker-agent: the agent CLI printed its result but did not exit within {:?}; stopped it",
+                run::RESULT_GRACE
+            );
+        }
 
         // Handoffs the agent CLI may have left.
         if let Some(esc) = read_json(&task_dir.join(ESCALATION_FILE)) {
@@ -635,6 +643,8 @@ impl Session {
                 timeout: Duration::from_secs(timeout.max(1)),
                 artifact: Some(artifacts.join(format!("verification-tier{}.txt", t.tier))),
                 own_group: true,
+                // Verification commands print no stream-json; a stray match must not cut them short.
+                result_grace: Duration::from_secs(timeout.max(1)),
             };
             let o = match self.supervise(spec).await {
                 None => return self.abandon(&task).await,

@@ -374,3 +374,42 @@ fn a_missing_agent_cli_blocks_workers_with_a_clear_reason() {
         "no task is blamed for a missing CLI"
     );
 }
+
+#[test]
+fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
+    let repo = TestRepo::new();
+    repo.write_graph("linger", &graph_12("linger"));
+    // The stale watchdog is far away: only the result-event grace can end the hung CLI in time.
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  command: [\"{}\", \"--print\", \"--output-format\", \"stream-json\", \"--verbose\"]\n{}  task_stale_timeout_seconds: 120\n",
+            bin("fake-claude").display(),
+            FAST_WORKERS.replace("  task_stale_timeout_seconds: 5\n", "")
+        ),
+    )
+    .unwrap();
+    repo.write_script("linger", &json!({"tasks": {"G-L1-004": [{"op": "write_owned"}, {"op": "stream_json"}, {"op": "hang"}]}}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &["rush", "linger", "--workers", "3", "--detach"]
+        )
+        .status
+        .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "linger");
+    assert_eq!(st["tasks"]["G-L1-004"]["attempts"], 1);
+    assert_eq!(st["resilience"]["stale_detections"], 0);
+    let logs = String::from_utf8_lossy(
+        &d.ctl_in(&repo.path, &["logs", "linger", "--tail", "500"])
+            .stdout,
+    )
+    .to_string();
+    assert!(
+        logs.contains("printed its result but did not exit"),
+        "{logs}"
+    );
+}
