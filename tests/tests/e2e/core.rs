@@ -70,6 +70,17 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
         assert_eq!(st["levels"][l]["status"], "complete");
         assert_eq!(st["levels"][l]["merge_status"], "complete");
     }
+    // monitor.log has the task lifecycle.
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    for needle in [
+        "claimed task G-L1-001",
+        "started task G-L1-001",
+        "completed task G-L1-001",
+        "Level 3 complete",
+        "Rush complete",
+    ] {
+        assert!(log.contains(needle), "monitor.log lacks {needle:?}:\n{log}");
+    }
     // Compatible state file, with levels on every task.
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(repo.path.join(".zerg/state/feat.json")).unwrap())

@@ -1240,10 +1240,23 @@ impl Rush {
             // Only evidence of work refreshes the task's progress deadline: new output from
             // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
             // that a hung `claude -p` is making progress.
+            let mut started = false;
             if req.last_output_ms > trt.last_output_ms || req.step != trt.last_step {
                 trt.last_progress = now;
                 trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
+                started = req.step == "implementing" && trt.last_step != "implementing";
                 trt.last_step = req.step;
+            }
+            if started {
+                let t = req.task_id.clone();
+                self.event(
+                    wall,
+                    Source::Worker(w),
+                    Level::Info,
+                    "task_started",
+                    format!("Worker {w} started task {t}: invoking the agent CLI"),
+                    json!({"task_id": t, "worker_id": w}),
+                );
             }
         }
         Ok(())
