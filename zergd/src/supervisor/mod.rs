@@ -365,16 +365,7 @@ impl Supervisor {
                     });
                     return;
                 }
-                let tx2 = tx.clone();
-                let rid2 = rid.clone();
-                let sink = Box::new(move |info| {
-                    let _ = tx2.send(Event::Exited {
-                        rush: rid2,
-                        worker: w,
-                        generation,
-                        info,
-                    });
-                });
+                let sink = exit_sink(&tx, &rid, w, generation);
                 let result = launcher.spawn(spec, sink).await;
                 let _ = tx.send(Event::Spawned {
                     rush: rid,
@@ -958,19 +949,7 @@ impl Supervisor {
                 rt.reconnect_by = Some(now + grace);
                 rt.last_hb = Some(now);
                 if let Some(l) = &launcher {
-                    let tx = self.tx.clone();
-                    let rid2 = rid.clone();
-                    l.watch(
-                        sp,
-                        Box::new(move |info| {
-                            let _ = tx.send(Event::Exited {
-                                rush: rid2,
-                                worker: w,
-                                generation,
-                                info,
-                            });
-                        }),
-                    );
+                    l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
                 }
             } else if r.doc.rush.state == "running" {
                 let status = r
@@ -988,19 +967,7 @@ impl Supervisor {
                         // An exited container still holds its exit code: let the launcher
                         // report it (and remove the container).
                         (Some(l), true) => {
-                            let tx = self.tx.clone();
-                            let rid2 = rid.clone();
-                            l.watch(
-                                sp,
-                                Box::new(move |info| {
-                                    let _ = tx.send(Event::Exited {
-                                        rush: rid2,
-                                        worker: w,
-                                        generation,
-                                        info,
-                                    });
-                                }),
-                            );
+                            l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
                         }
                         _ => r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx),
                     }
@@ -1053,6 +1020,25 @@ impl Supervisor {
         r.dirty = true;
         self.pending.push((rid, fx));
     }
+}
+
+/// A sink that turns a worker's exit into an [`Event::Exited`].
+fn exit_sink(
+    tx: &mpsc::UnboundedSender<Event>,
+    rush: &str,
+    worker: u32,
+    generation: u64,
+) -> crate::launcher::ExitSink {
+    let tx = tx.clone();
+    let rush = rush.to_string();
+    Box::new(move |info| {
+        let _ = tx.send(Event::Exited {
+            rush,
+            worker,
+            generation,
+            info,
+        });
+    })
 }
 
 /// The unresolved escalations of a rush's tasks from `.zerg/state/escalations.json`.
