@@ -413,3 +413,38 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
         "{logs}"
     );
 }
+
+#[test]
+fn a_checkpoint_exit_resumes_the_task_from_its_wip_commit() {
+    let repo = TestRepo::new();
+    repo.write_graph("cp", &graph_12("cp"));
+    repo.write_config(FAST_WORKERS);
+    // Attempt 1 writes the files, then checkpoints; attempt 2 writes nothing and relies on the
+    // checkpoint's changes being restored (the verification needs the file).
+    repo.write_script("cp", &json!({"tasks": {"G-L1-003": {"attempts": [
+        [{"op": "write_owned"}, {"op": "checkpoint", "progress_pct": 60, "next_action": "finish up"}],
+        [{"op": "print", "text": "resuming"}]
+    ]}}}));
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "cp", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "cp");
+    assert_eq!(
+        st["tasks"]["G-L1-003"]["attempts"], 1,
+        "a checkpoint is not a failed attempt"
+    );
+    let log = monitor(&repo);
+    assert!(log.contains("exited: 2 (checkpoint)"), "{log}");
+    // The WIP commit itself never reaches staging; its changes do, in the task's own commit.
+    let subjects = git(&repo.path, &["log", "--format=%s", "main..zerg/cp/staging"]);
+    assert!(!subjects.contains("WIP:"), "{subjects}");
+    assert!(
+        repo.files_on("zerg/cp/staging")
+            .contains(&"l1/a3.txt".to_string())
+    );
+    // The checkpoint stays reachable under refs/zerg.
+    assert!(!git(&repo.path, &["for-each-ref", "refs/zerg/cp/wip/"]).is_empty());
+}
