@@ -5,7 +5,18 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = zergctl::Cli::parse();
+    let cli = match zergctl::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // --help and --version are not errors; bad usage exits 64 (EX_USAGE).
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() {
+                zergctl::code::USAGE
+            } else {
+                zergctl::code::OK
+            });
+        }
+    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

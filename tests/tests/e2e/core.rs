@@ -385,6 +385,12 @@ fn zergctl_explains_a_missing_daemon() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("zergd is not running"), "{err}");
     assert!(err.contains("zergd &"), "{err}");
+    // Bad usage is EX_USAGE.
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["rush"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
 }
 
 #[test]
