@@ -345,6 +345,8 @@ fn escalations_out_of_scope_changes_and_logs_are_reported() {
     )
     .unwrap();
     assert_eq!(file["escalations"][0]["category"], "ambiguous_spec");
+    // The agent's context object is kept.
+    assert_eq!(file["escalations"][0]["context"]["attempted"], json!([]));
     // The worker's exit 4 is observed (the slot is then respawned, so look at the log).
     let monitor = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
     assert!(monitor.contains("exited: 4 (escalation)"), "{monitor}");

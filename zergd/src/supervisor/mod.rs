@@ -1067,6 +1067,7 @@ fn load_escalations(r: &Rush) -> Vec<v1::Escalation> {
             message: e["message"].as_str().unwrap_or("").to_string(),
             timestamp: e["timestamp"].as_str().unwrap_or("").to_string(),
             resolved: false,
+            context_json: e.get("context").map(|c| c.to_string()).unwrap_or_default(),
         })
         .collect()
 }
@@ -1101,7 +1102,10 @@ fn append_escalations(state_dir: &Path, list: &[v1::Escalation]) {
                 "timestamp": e.timestamp,
                 "category": e.category,
                 "message": e.message,
-                "context": {},
+                "context": serde_json::from_str::<serde_json::Value>(&e.context_json)
+                    .ok()
+                    .filter(|v| v.is_object())
+                    .unwrap_or_else(|| serde_json::json!({})),
                 "resolved": false,
             }));
         }

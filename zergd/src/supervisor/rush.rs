@@ -1406,6 +1406,7 @@ impl Rush {
             message: req.message.clone(),
             timestamp: iso_millis(wall),
             resolved: false,
+            context_json: req.context_json.clone(),
         };
         self.escalations.push(esc.clone());
         fx.escalations.push(esc);
