@@ -26,6 +26,8 @@ pub struct Outcome {
     /// period ([`RESULT_GRACE`] for the agent CLI), so it was killed; the code reflects the
     /// result's `is_error`.
     pub lingered: bool,
+    /// `total_cost_usd` of the final stream-json `result` event, if one was printed.
+    pub cost_usd: Option<f64>,
 }
 
 /// How long a CLI may linger after printing its final `result` event. Claude Code's
@@ -96,6 +98,7 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         tail: VecDeque::new(),
         rate_limit: None,
         result: None,
+        cost_usd: None,
     }));
     let done = Arc::new(Notify::new());
     let out = child
@@ -151,6 +154,7 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         tail: s.tail.iter().cloned().collect::<Vec<_>>().join("\n"),
         rate_limit: s.rate_limit,
         lingered,
+        cost_usd: s.cost_usd,
     })
 }
 
@@ -170,15 +174,22 @@ struct Sink {
     rate_limit: Option<i64>,
     /// `is_error` of the final stream-json `result` event, once seen.
     result: Option<bool>,
+    /// Its `total_cost_usd`.
+    cost_usd: Option<f64>,
 }
 
-/// `Some(is_error)` when the line is a stream-json `result` event.
-pub fn result_event(line: &str) -> Option<bool> {
+/// `Some((is_error, total_cost_usd))` when the line is a stream-json `result` event.
+pub fn result_event(line: &str) -> Option<(bool, Option<f64>)> {
     if !line.trim_start().starts_with('{') || !line.contains("\"result\"") {
         return None;
     }
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    (v["type"] == "result").then(|| v["is_error"].as_bool().unwrap_or(false))
+    (v["type"] == "result").then(|| {
+        (
+            v["is_error"].as_bool().unwrap_or(false),
+            v["total_cost_usd"].as_f64(),
+        )
+    })
 }
 
 async fn pump<R: AsyncRead + Unpin>(
@@ -198,8 +209,9 @@ async fn pump<R: AsyncRead + Unpin>(
         if let Some(rl) = detect_rate_limit(&line) {
             s.rate_limit = Some(rl);
         }
-        if let Some(is_error) = result_event(&line) {
+        if let Some((is_error, cost)) = result_event(&line) {
             s.result = Some(is_error);
+            s.cost_usd = cost.or(s.cost_usd);
             done.notify_one();
         }
         s.tail.push_back(line);
@@ -326,13 +338,13 @@ mod tests {
     fn result_events() {
         assert_eq!(
             result_event(
-                r#"{"type":"result","subtype":"success","is_error":false,"result":"done"}"#
+                r#"{"type":"result","subtype":"success","is_error":false,"result":"done","total_cost_usd":0.25}"#
             ),
-            Some(false)
+            Some((false, Some(0.25)))
         );
         assert_eq!(
             result_event(r#"{"type":"result","is_error":true,"result":"x"}"#),
-            Some(true)
+            Some((true, None))
         );
         assert_eq!(
             result_event(r#"{"type":"assistant","message":{"content":"result"}}"#),

@@ -146,6 +146,8 @@ pub struct Session {
     tasks_completed: u32,
     tiers: Vec<TierEntry>,
     identity: Vec<(String, String)>,
+    /// Cost the agent CLI reported for the current attempt.
+    attempt_cost: f64,
 }
 
 impl Session {
@@ -207,6 +209,7 @@ impl Session {
             tasks_completed: 0,
             tiers: Vec::new(),
             identity,
+            attempt_cost: 0.0,
         })
     }
 
@@ -461,6 +464,7 @@ impl Session {
             tiers,
             retry_at_ms,
             checkpoint_commit: checkpoint,
+            cost_usd: self.attempt_cost,
         };
         match retrying!(self, |c| c.fail(req.clone())) {
             Ok(_) => TaskEnd::Next,
@@ -488,6 +492,7 @@ impl Session {
         let started = Instant::now();
         self.current = Some((task.id.clone(), task.lease_id.clone()));
         self.tiers.clear();
+        self.attempt_cost = 0.0;
         self.last_output.store(0, Ordering::Relaxed);
         eprintln!(
             "zerg-worker-agent: task {} (attempt {}, lease {})",
@@ -561,6 +566,7 @@ impl Session {
             }
         };
 
+        self.attempt_cost = outcome.cost_usd.unwrap_or(0.0);
         if outcome.lingered {
             eprintln!(
                 "zerg-worker-agent: the agent CLI printed its result but did not exit within {:?}; stopped it",
@@ -698,6 +704,7 @@ impl Session {
             tiers: self.tier_results(),
             out_of_scope,
             duration_ms: started.elapsed().as_millis() as u64,
+            cost_usd: self.attempt_cost,
         };
         match retrying!(self, |c| c.complete(req.clone())) {
             Ok(_) => {

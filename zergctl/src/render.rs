@@ -40,6 +40,12 @@ pub fn status_text(st: &v1::RushStatus) -> String {
     if !st.reason.is_empty() {
         o.push_str(&format!("Reason: {}\n", st.reason));
     }
+    if st.cost_usd > 0.0 {
+        o.push_str(&format!(
+            "Agent cost: ${:.2} (as reported by the agent CLI)\n",
+            st.cost_usd
+        ));
+    }
     if !st.rate_limited_until.is_empty() {
         o.push_str(&format!(
             "Rate-limited until {}: new work is paused\n",

@@ -147,6 +147,8 @@ pub struct TaskState {
     pub out_of_scope: Vec<String>,
     /// Failed tasks this one waits on.
     pub blocked_by: Vec<String>,
+    /// Agent cost over all attempts (USD), as reported by the agent CLI.
+    pub cost_usd: f64,
 }
 
 /// One worker slot.

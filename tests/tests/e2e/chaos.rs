@@ -403,6 +403,16 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
     let st = assert_complete_exactly_once(&d, &repo, "linger");
     assert_eq!(st["tasks"]["G-L1-004"]["attempts"], 1);
     assert_eq!(st["resilience"]["stale_detections"], 0);
+    // The cost in each result event is accounted per task and for the rush.
+    assert_eq!(st["tasks"]["G-L1-004"]["cost_usd"], 0.01);
+    assert!(
+        (st["cost_usd"].as_f64().unwrap() - 0.12).abs() < 1e-9,
+        "{}",
+        st["cost_usd"]
+    );
+    let text =
+        String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "linger"]).stdout).to_string();
+    assert!(text.contains("Agent cost: $0.12"), "{text}");
     let logs = String::from_utf8_lossy(
         &d.ctl_in(&repo.path, &["logs", "linger", "--tail", "500"])
             .stdout,

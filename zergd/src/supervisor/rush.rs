@@ -1275,6 +1275,7 @@ impl Rush {
         let w = r.worker_id;
         self.touch(w, now, wall);
         let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
+        ts.cost_usd += req.cost_usd.max(0.0);
         ts.status = "complete".into();
         ts.commit = Some(req.commit.clone());
         ts.completed_at = Some(iso_millis(wall));
@@ -1332,6 +1333,9 @@ impl Rush {
         let w = r.worker_id;
         self.touch(w, now, wall);
         let t = req.task_id.clone();
+        if let Some(ts) = self.doc.tasks.get_mut(&t) {
+            ts.cost_usd += req.cost_usd.max(0.0);
+        }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
             ws.status = "ready".into();

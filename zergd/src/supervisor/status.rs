@@ -27,6 +27,7 @@ impl Rush {
                         blocked_by: t.blocked_by.clone(),
                         crashes: t.crashes,
                         next_retry_at: t.next_retry_at.clone().unwrap_or_default(),
+                        cost_usd: t.cost_usd,
                     },
                 )
             })
@@ -137,6 +138,7 @@ impl Rush {
             staging_branch: staging_branch(&d.feature),
             base_branch: d.rush.base_branch.clone(),
             report,
+            cost_usd: d.tasks.values().map(|t| t.cost_usd).sum(),
         }
     }
 
