@@ -470,3 +470,32 @@ fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("paused"), "{text}");
 }
+
+#[test]
+fn a_fresh_rush_never_deletes_unmerged_work_of_an_earlier_one() {
+    let repo = TestRepo::new();
+    repo.write_graph("keep", &graph_12("keep"));
+    repo.write_config(FAST_WORKERS);
+    // A worker branch left by an earlier rush, with a commit that is not on main.
+    git(&repo.path, &["branch", "zerg/keep/worker-1"]);
+    git(
+        &repo.path,
+        &["worktree", "add", "-q", "../wt", "zerg/keep/worker-1"],
+    );
+    let wt = repo.path.parent().unwrap().join("wt");
+    std::fs::write(wt.join("precious.txt"), "work\n").unwrap();
+    git(&wt, &["add", "-A"]);
+    git(&wt, &["commit", "-q", "-m", "unmerged work"]);
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "keep", "--workers", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("zerg/keep/worker-1") && err.contains("not on main"),
+        "{err}"
+    );
+    // The branch and its commit are still there.
+    assert!(
+        git(&repo.path, &["log", "--format=%s", "zerg/keep/worker-1"]).contains("unmerged work")
+    );
+}

@@ -118,8 +118,18 @@ pub fn prepare_fresh(
         )));
     }
     let paths = RushPaths::new(repo.to_path_buf(), feature);
-    // Leftovers of an earlier rush of this feature: its result is on the base already (checked
-    // above), so its worktrees and worker branches can go.
+    // Leftovers of an earlier rush of this feature can go, but only when nothing would be lost:
+    // every worker branch must already be on the base.
+    for w in 0..64u32 {
+        let b = worker_branch(feature, w);
+        if let Some(tip) = git::rev(repo, &format!("refs/heads/{b}"))
+            && !git::is_ancestor(repo, &tip, &base_commit)
+        {
+            return Err(Status::failed_precondition(format!(
+                "branch {b} holds commits from an earlier rush that are not on {base_branch}; merge them, or delete the branch with `git branch -D {b}`, then rush again"
+            )));
+        }
+    }
     for w in 0..64u32 {
         let wt = paths.worker_worktree(w);
         let b = worker_branch(feature, w);
