@@ -37,10 +37,10 @@ pub fn runtime_dir() -> PathBuf {
         // macOS and Linux without XDG_RUNTIME_DIR: a private directory under the cache dir.
         return dirs.cache_dir().join("run");
     }
-    std::env::temp_dir().join(format!("zerg-{}", whoami_uid()))
+    std::env::temp_dir().join(format!("zerg-{}", user_name()))
 }
 
-fn whoami_uid() -> String {
+fn user_name() -> String {
     std::env::var("USER").unwrap_or_else(|_| "user".into())
 }
 

@@ -174,7 +174,6 @@ fn a_worker_container_runs_hardened_with_the_spec_read_only() {
         return;
     }
     let repo = TestRepo::new();
-    let marker = repo.path.parent().unwrap().join("inside");
     repo.write_graph("hard", &graph_12("hard"));
     container_config(&repo, IMAGE);
     repo.write_script("hard", &json!({"default": [{"op": "tick", "count": 80, "interval_ms": 100}, {"op": "write_owned"}]}));
@@ -246,7 +245,6 @@ fn a_worker_container_runs_hardened_with_the_spec_read_only() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "0");
-    let _ = marker;
     let _ = d.ctl_in(&repo.path, &["stop", "hard", "--force"]);
     wait_no_containers(st["rush_id"].as_str().unwrap());
 }

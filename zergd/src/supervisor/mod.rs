@@ -12,7 +12,7 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,7 +151,7 @@ pub struct Settings {
 /// The supervisor actor.
 pub struct Supervisor {
     rushes: HashMap<String, Rush>,
-    preparing: HashMap<(String, String), ()>,
+    preparing: HashSet<(String, String)>,
     watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, Status>>>>,
     subprocess: Arc<dyn Launcher>,
     container: Option<Arc<dyn Launcher>>,
@@ -181,7 +181,7 @@ impl Supervisor {
         let (tx, rx) = mpsc::unbounded_channel();
         Supervisor {
             rushes: HashMap::new(),
-            preparing: HashMap::new(),
+            preparing: HashSet::new(),
             watchers: HashMap::new(),
             subprocess,
             container,
@@ -215,11 +215,13 @@ impl Supervisor {
                     Some(ev) => self.handle_event(ev).await,
                     None => break,
                 },
-                _ = tokio::time::sleep_until(deadline) => self.tick(),
+                // A due deadline needs no handling of its own: the tick below runs the timers.
+                _ = tokio::time::sleep_until(deadline) => {}
             }
             while let Ok(ev) = self.rx.try_recv() {
                 self.handle_event(ev).await;
             }
+            // Timers, and the next deadline after whatever the events changed.
             self.tick();
             self.flush();
             if let Some(reply) = self.shutdown.take() {
@@ -687,14 +689,14 @@ impl Supervisor {
             }
         }
         let key = (repo_s.clone(), req.feature.clone());
-        if self.preparing.contains_key(&key) {
+        if self.preparing.contains(&key) {
             let _ = reply.send(Err(Status::already_exists(format!(
                 "rush {} is being prepared",
                 req.feature
             ))));
             return;
         }
-        self.preparing.insert(key, ());
+        self.preparing.insert(key);
         let tx = self.tx.clone();
         let rush_id = format!("{}-{:x}", req.feature, crate::clock::unix_millis(wall));
         tokio::task::spawn_blocking(move || {

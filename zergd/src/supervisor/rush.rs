@@ -2158,7 +2158,7 @@ impl Rush {
             .map(|(w, _)| *w)
             .collect();
         for w in slow {
-            self.kill_worker(w, fx);
+            self.kill_worker(w, true, fx);
             self.set_worker_status(w, "stopping", None);
             self.event(
                 wall,
@@ -2196,7 +2196,7 @@ impl Rush {
                 .get(&w.to_string())
                 .map(|x| x.generation)
                 .unwrap_or(0);
-            self.kill_worker(w, fx);
+            self.kill_worker(w, true, fx);
             self.event(
                 wall,
                 Source::Worker(w),
@@ -2298,7 +2298,7 @@ impl Rush {
                     }
                     // Killed by us because it was stale: the respawn is counted (it may be a
                     // worker that keeps hanging), so the exit is not marked expected.
-                    self.kill_worker_keep_unexpected(w, fx);
+                    self.kill_worker(w, false, fx);
                 }
             }
         }
@@ -2333,25 +2333,17 @@ impl Rush {
                 ws.current_task = None;
             }
             self.fail_attempt(&t, w, "timeout: no progress from the agent", now, wall);
-            self.kill_worker(w, fx);
+            self.kill_worker(w, true, fx);
         }
     }
 
-    /// Stops a worker; its exit is expected (not a crash).
-    fn kill_worker(&mut self, w: u32, fx: &mut Effects) {
+    /// Stops a worker. An `expected` exit is zergd's doing and is not counted against the
+    /// respawn cap; a stale worker's is (it may be one that keeps hanging).
+    fn kill_worker(&mut self, w: u32, expected: bool, fx: &mut Effects) {
         if let Some(rt) = self.rt_workers.get_mut(&w)
             && let Some(sp) = rt.spawned.clone()
         {
-            rt.stopping = true;
-            fx.stop
-                .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
-        }
-    }
-
-    fn kill_worker_keep_unexpected(&mut self, w: u32, fx: &mut Effects) {
-        if let Some(rt) = self.rt_workers.get(&w)
-            && let Some(sp) = rt.spawned.clone()
-        {
+            rt.stopping |= expected;
             fx.stop
                 .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
         }
