@@ -1,8 +1,9 @@
 //! Contracts shared by the three zerg binaries.
 //!
 //! - [`v1`] is the `zerg.v1` gRPC API: the `Control` service that `zergctl` calls and the
-//!   `Worker` service that `zerg-worker-agent` calls. Both are served by `zergd` on one Unix
-//!   socket.
+//!   `Worker` service that `zerg-worker-agent` calls. They are served on separate Unix sockets:
+//!   the control socket (zergd's owner only) and one worker-plane socket per rush, where every
+//!   call must carry the calling worker's token.
 //! - [`graph`] is the task-graph file format (`.gsd/specs/<feature>/task-graph.json`) and its
 //!   validation. It lives here, beside the wire format, because both `zergd` (which runs
 //!   graphs) and `zergctl validate` (which checks them offline) need it, and neither binary
@@ -27,3 +28,15 @@ pub mod v1 {
 
 /// Environment variable that overrides the control socket path for every binary.
 pub const ENV_SOCKET: &str = "ZERG_SOCKET";
+
+/// Environment variable that carries a worker's token (set by zergd's launchers, read by
+/// `zerg-worker-agent`, never passed on to the agent CLI).
+pub const ENV_WORKER_TOKEN: &str = "ZERG_WORKER_TOKEN";
+
+/// gRPC metadata key of the worker token on every `Worker` RPC: `authorization: Bearer <hex>`.
+pub const WORKER_TOKEN_METADATA: &str = "authorization";
+
+/// The metadata value for a worker token.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}

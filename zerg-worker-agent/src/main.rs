@@ -4,12 +4,13 @@
 //! CLI (Claude Code by default) in the worktree, run the three verification tiers, commit
 //! `ZERG [N]: <title>` with a `Task-ID` trailer, and report. Heartbeats go from the same loop
 //! that does the work and carry when the agent CLI last printed, so a hung CLI is visible to
-//! zergd. It also writes the compatible `heartbeat-<id>.json` and `progress-<id>.json` files.
+//! zergd, which writes the compatible `heartbeat-<id>.json` and `progress-<id>.json` files from
+//! them: the worker needs no write access to zergd's state. Every RPC carries the worker's token
+//! (`ZERG_WORKER_TOKEN`), which is never passed on to the agent CLI or verification commands.
 //!
 //! Exit codes (REFERENCE §5.4): 0 no work left, 1 error, 2 checkpoint, 3 blocked (the agent CLI
 //! cannot run), 4 escalation.
 
-mod files;
 mod prompt;
 mod run;
 mod session;

@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+use tonic::{Code, Request, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::worker_client::WorkerClient;
 
 use crate::exit;
-use crate::files::{self, HeartbeatFile, ProgressFile, TierEntry};
 use crate::prompt::{self, CHECKPOINT_FILE, ESCALATION_FILE};
 use crate::run::{self, Outcome, Spec, now_ms};
 
@@ -26,11 +28,33 @@ pub struct Env {
     generation: u64,
     worktree: PathBuf,
     feature: String,
-    spec_dir: PathBuf,
-    state_dir: PathBuf,
     log_dir: PathBuf,
+    token: Token,
     reconnect_timeout: Duration,
 }
+
+/// Adds the worker's token to every RPC (`authorization: Bearer <token>`).
+#[derive(Clone)]
+struct Token(Option<MetadataValue<Ascii>>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Interceptor for Token {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut()
+                .insert(zerg_proto::WORKER_TOKEN_METADATA, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A client of zergd's worker plane.
+type Client = WorkerClient<InterceptedService<Channel, Token>>;
 
 impl Env {
     /// Reads the `ZERG_*` environment.
@@ -52,9 +76,13 @@ impl Env {
             generation: num("ZERG_GENERATION")?,
             worktree: PathBuf::from(var("ZERG_WORKTREE")?),
             feature: var("ZERG_FEATURE")?,
-            spec_dir: PathBuf::from(var("ZERG_SPEC_DIR")?),
-            state_dir: PathBuf::from(var("ZERG_STATE_DIR")?),
             log_dir: PathBuf::from(var("ZERG_LOG_DIR")?),
+            // Without it every call is refused, with a message saying so.
+            token: Token(
+                std::env::var(zerg_proto::ENV_WORKER_TOKEN)
+                    .ok()
+                    .and_then(|t| zerg_proto::bearer(&t).parse().ok()),
+            ),
             reconnect_timeout: Duration::from_secs(
                 std::env::var("ZERG_RECONNECT_TIMEOUT_SECONDS")
                     .ok()
@@ -62,6 +90,16 @@ impl Env {
                     .unwrap_or(600),
             ),
         })
+    }
+
+    fn client(&self, ch: Channel) -> Client {
+        WorkerClient::with_interceptor(ch, self.token.clone())
+    }
+
+    /// The rush's spec directory relative to the worktree, as committed in the repository:
+    /// tasks never change it (the commit restores it and zergd refuses commits that touch it).
+    fn spec_rel(&self) -> String {
+        format!(".gsd/specs/{}", self.feature)
     }
 
     fn me(&self) -> v1::WorkerRef {
@@ -135,7 +173,7 @@ enum TaskEnd {
 /// A running worker.
 pub struct Session {
     env: Env,
-    client: WorkerClient<Channel>,
+    client: Client,
     cfg: v1::RegisterReply,
     hb_tx: mpsc::Sender<v1::HeartbeatRequest>,
     abort_rx: watch::Receiver<String>,
@@ -144,7 +182,7 @@ pub struct Session {
     step: &'static str,
     progress: u32,
     tasks_completed: u32,
-    tiers: Vec<TierEntry>,
+    tiers: Vec<v1::TierResult>,
     identity: Vec<(String, String)>,
     /// Cost the agent CLI reported for the current attempt.
     attempt_cost: f64,
@@ -154,7 +192,7 @@ impl Session {
     /// Connects, registers and starts the heartbeat stream.
     pub async fn start(env: Env) -> Result<Session, String> {
         let ch = connect_retrying(&env.socket, env.reconnect_timeout).await?;
-        let mut client = WorkerClient::new(ch);
+        let mut client = env.client(ch);
         let reg = v1::RegisterRequest {
             worker: Some(env.me()),
             pid: std::process::id() as i32,
@@ -167,12 +205,7 @@ impl Session {
             .into_inner();
         let (hb_tx, hb_rx) = mpsc::channel(16);
         let (abort_tx, abort_rx) = watch::channel(String::new());
-        tokio::spawn(heartbeat_loop(
-            env.socket.clone(),
-            env.reconnect_timeout,
-            hb_rx,
-            abort_tx,
-        ));
+        tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx));
         // Commits need an identity; use the user's git config when it has one.
         let identity = match run::git(&env.worktree, &["config", "user.email"]).await {
             Ok(e) if !e.is_empty() => vec![],
@@ -217,7 +250,7 @@ impl Session {
     /// which lease this worker still holds.
     async fn reconnect(&mut self) -> Result<(), String> {
         let ch = connect_retrying(&self.env.socket, self.env.reconnect_timeout).await?;
-        self.client = WorkerClient::new(ch);
+        self.client = self.env.client(ch);
         let (held_task_id, held_lease_id) = self.current.clone().unwrap_or_default();
         let reg = v1::RegisterRequest {
             worker: Some(self.env.me()),
@@ -245,7 +278,7 @@ impl Session {
         Duration::from_millis(self.cfg.heartbeat_interval_ms.max(100))
     }
 
-    /// Sends a heartbeat and rewrites the compatible files.
+    /// Sends a heartbeat (zergd writes the compatible heartbeat and progress files from it).
     fn beat(&self) {
         let (task_id, lease_id) = self.current.clone().unwrap_or_default();
         let hb = v1::HeartbeatRequest {
@@ -258,37 +291,12 @@ impl Session {
             last_output_ms: self.last_output.load(Ordering::Relaxed),
         };
         let _ = self.hb_tx.try_send(hb);
-        let task = (!task_id.is_empty()).then_some(task_id.as_str());
-        files::write_json(
-            &self.env.state_dir,
-            &format!("heartbeat-{}.json", self.env.worker_id),
-            &HeartbeatFile {
-                worker_id: self.env.worker_id,
-                timestamp: files::utc_now(),
-                task_id: task,
-                step: self.step,
-                progress_pct: self.progress,
-            },
-        );
     }
 
     fn set_step(&mut self, step: &'static str, progress: u32) {
         self.step = step;
         self.progress = progress;
         self.beat();
-        let task = self.current.as_ref().map(|(t, _)| t.as_str());
-        files::write_json(
-            &self.env.state_dir,
-            &format!("progress-{}.json", self.env.worker_id),
-            &ProgressFile {
-                worker_id: self.env.worker_id,
-                tasks_completed: self.tasks_completed,
-                tasks_total: self.cfg.tasks_total,
-                current_task: task,
-                current_step: self.step,
-                tier_results: &self.tiers,
-            },
-        );
     }
 
     /// The lease loop. Returns the process exit code.
@@ -384,20 +392,10 @@ impl Session {
         self.env.worktree.join(".zerg-task")
     }
 
-    /// The spec directory relative to the worktree, when it is mounted inside it (containers).
-    fn spec_rel(&self) -> Option<String> {
-        self.env
-            .spec_dir
-            .strip_prefix(&self.env.worktree)
-            .ok()
-            .map(|p| p.to_string_lossy().to_string())
-    }
-
     /// Pathspecs that keep the handoff directory and a mounted spec out of commits. Paths that
     /// git already ignores are left out: naming an ignored path makes `git add` fail.
     async fn pathspec_excludes(&self) -> Vec<String> {
-        let mut paths = vec![".zerg-task".to_string()];
-        paths.extend(self.spec_rel());
+        let paths = vec![".zerg-task".to_string(), self.env.spec_rel()];
         let mut v = Vec::new();
         for p in paths {
             if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
@@ -416,16 +414,14 @@ impl Session {
         // An earlier process of this slot may have been killed in the middle of a git command.
         // The slot's worktree is this process's alone, so its lock files are stale.
         remove_stale_locks(wt).await;
-        if !task.base_commit.is_empty() {
-            run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
-        }
-        let mut clean = vec!["clean", "-fdq", "-e", ".zerg-task"];
-        let rel = self.spec_rel();
-        if let Some(r) = rel.as_deref() {
-            clean.push("-e");
-            clean.push(r);
-        }
-        run::git(wt, &clean).await?;
+        let base = if task.base_commit.is_empty() {
+            "HEAD"
+        } else {
+            task.base_commit.as_str()
+        };
+        run::git(wt, &["reset", "--hard", "-q", base]).await?;
+        let rel = self.env.spec_rel();
+        run::git(wt, &["clean", "-fdq", "-e", ".zerg-task", "-e", &rel]).await?;
         let td = self.task_dir();
         let _ = tokio::fs::remove_dir_all(&td).await;
         tokio::fs::create_dir_all(&td)
@@ -477,15 +473,7 @@ impl Session {
     }
 
     fn tier_results(&self) -> Vec<v1::TierResult> {
-        self.tiers
-            .iter()
-            .map(|t| v1::TierResult {
-                tier: t.tier,
-                name: t.name.clone(),
-                success: t.success,
-                ..Default::default()
-            })
-            .collect()
+        self.tiers.clone()
     }
 
     async fn run_task(&mut self, task: v1::Task) -> TaskEnd {
@@ -660,11 +648,13 @@ impl Session {
                     ..Default::default()
                 },
             };
-            self.tiers.push(TierEntry {
+            self.tiers.push(v1::TierResult {
                 tier: t.tier,
                 name: t.name.clone(),
                 success: o.success(),
-                retry: task.attempt.saturating_sub(1),
+                blocking: t.blocking,
+                exit_code: o.code.unwrap_or(-1),
+                output_tail: last_line(&o.tail),
             });
             if !o.success() && t.blocking {
                 let why = if o.timed_out {
@@ -757,6 +747,7 @@ impl Session {
         add.extend(self.pathspec_excludes().await);
         let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
         run::git(wt, &add_ref).await?;
+        self.restore_spec(task).await;
         let msg = format!(
             "ZERG [{}]: {}\n\nTask-ID: {}\n",
             self.env.worker_id, task.title, task.id
@@ -764,6 +755,20 @@ impl Session {
         self.git_with_identity(&["commit", "-q", "--allow-empty", "--no-verify", "-m", &msg])
             .await?;
         run::git(wt, &["rev-parse", "HEAD"]).await
+    }
+
+    /// Puts the rush's spec back in the index as the base commit has it, whatever the agent CLI
+    /// did to it (or committed itself), so the task's commit never changes the spec.
+    async fn restore_spec(&self, task: &v1::Task) {
+        let base = if task.base_commit.is_empty() {
+            "HEAD"
+        } else {
+            task.base_commit.as_str()
+        };
+        let rel = self.env.spec_rel();
+        if let Err(e) = run::git(&self.env.worktree, &["reset", "-q", base, "--", &rel]).await {
+            eprintln!("zerg-worker-agent: cannot restore {rel} in the index: {e}");
+        }
     }
 
     async fn git_with_identity(&self, args: &[&str]) -> Result<String, String> {
@@ -937,18 +942,17 @@ fn last_line(tail: &str) -> String {
 /// Keeps a client-streaming Heartbeat RPC open and feeds it from the work loop; reconnects when
 /// zergd goes away; reports a refused heartbeat (revoked lease) through `abort`.
 async fn heartbeat_loop(
-    socket: PathBuf,
-    timeout: Duration,
+    env: Env,
     mut rx: mpsc::Receiver<v1::HeartbeatRequest>,
     abort: watch::Sender<String>,
 ) {
     let mut pending: Option<v1::HeartbeatRequest> = None;
     loop {
-        let ch = match connect_retrying(&socket, timeout).await {
+        let ch = match connect_retrying(&env.socket, env.reconnect_timeout).await {
             Ok(c) => c,
             Err(_) => return,
         };
-        let mut client = WorkerClient::new(ch);
+        let mut client = env.client(ch);
         let (tx, inner) = mpsc::channel(16);
         if let Some(p) = pending.take() {
             let _ = tx.try_send(p);

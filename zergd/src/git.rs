@@ -105,31 +105,20 @@ pub fn ensure_worktree(
     Ok(())
 }
 
-/// Moves a worktree's branch and files to `commit`, discarding local changes. Lock files left
-/// by a worker killed in the middle of a git command are removed once (zergd only resets a
-/// worker worktree while its worker is idle or dead).
-pub fn reset_hard(worktree: &Path, commit: &str) -> Result<(), GitError> {
-    match git(worktree, &["reset", "--hard", "-q", commit]) {
-        Err(e) if e.stderr.contains(".lock") => {
-            if let Ok(dir) = git(worktree, &["rev-parse", "--absolute-git-dir"]) {
-                for name in ["index.lock", "HEAD.lock"] {
-                    let _ = std::fs::remove_file(Path::new(&dir).join(name));
-                }
-            }
-            git(worktree, &["reset", "--hard", "-q", commit])?;
-            Ok(())
-        }
-        other => other.map(|_| ()),
-    }
-}
-
-/// Removes a worktree (and, when `delete_branch`, its branch).
+/// Removes a worktree (and, when `delete_branch`, its branch). A worktree whose `.git` file a
+/// worker damaged is deleted directly and its registration pruned.
 pub fn remove_worktree(repo: &Path, path: &Path, branch: Option<&str>) -> Result<(), GitError> {
-    if path.exists() {
-        git(
+    if path.exists()
+        && let Err(e) = git(
             repo,
             &["worktree", "remove", "--force", &path.to_string_lossy()],
-        )?;
+        )
+    {
+        std::fs::remove_dir_all(path).map_err(|io| GitError {
+            args: e.args.clone(),
+            dir: e.dir.clone(),
+            stderr: format!("{}; removing the directory failed too: {io}", e.stderr),
+        })?;
     }
     let _ = git(repo, &["worktree", "prune"]);
     if let Some(b) = branch {
@@ -185,30 +174,76 @@ pub fn merge_into(
     }
 }
 
-/// Commits `(sha, Task-ID trailer)` reachable from `tip` but not from `base`.
-pub fn task_commits(repo: &Path, base: &str, tip: &str) -> Result<Vec<(String, String)>, GitError> {
-    let out = git(
-        repo,
-        &[
-            "log",
-            "--format=%H %(trailers:key=Task-ID,valueonly,separator=%x2C)",
-            &format!("{base}..{tip}"),
-        ],
-    )?;
-    Ok(out
-        .lines()
-        .filter_map(|l| {
-            let (sha, ids) = l.split_once(' ')?;
-            let ids = ids.trim();
-            (!ids.is_empty()).then(|| (sha.to_string(), ids.to_string()))
-        })
-        .collect())
+/// Whether `s` is a full object id: 40 lowercase hex digits (SHA-1) or 64 (SHA-256).
+pub fn is_object_id(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// Files changed between two commits.
-pub fn changed_files(repo: &Path, from: &str, to: &str) -> Result<Vec<String>, GitError> {
-    Ok(git(repo, &["diff", "--name-only", from, to])?
-        .lines()
-        .map(str::to_string)
-        .collect())
+/// Checks a commit a worker reports before zergd accepts it: it exists in the repository, it
+/// descends from the task's base commit, and it leaves `protected` (the rush's committed spec
+/// directory) exactly as the base has it. The error says which check failed.
+pub fn check_task_commit(
+    repo: &Path,
+    base: &str,
+    commit: &str,
+    protected: &str,
+) -> Result<(), String> {
+    if !is_object_id(commit) {
+        return Err(format!(
+            "commit {:?} is not an object id",
+            commit.chars().take(80).collect::<String>()
+        ));
+    }
+    if rev(repo, commit).as_deref() != Some(commit) {
+        return Err(format!("commit {commit} is not a commit in the repository"));
+    }
+    if base.is_empty() {
+        return Ok(());
+    }
+    if !is_ancestor(repo, base, commit) {
+        return Err(format!(
+            "commit {commit} does not descend from the task's base commit {base}"
+        ));
+    }
+    let changed = git(
+        repo,
+        &[
+            "diff",
+            "--name-only",
+            "--no-renames",
+            base,
+            commit,
+            "--",
+            protected,
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+    if !changed.is_empty() {
+        let files: Vec<&str> = changed.lines().take(5).collect();
+        return Err(format!(
+            "commit {commit} changes the rush's spec ({}), which tasks must not touch",
+            files.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Points `refs/heads/<branch>` at `new`; with `old`, only if it is still there (a
+/// compare-and-swap, so a later move by zergd is never undone).
+pub fn move_branch(
+    repo: &Path,
+    branch: &str,
+    new: &str,
+    old: Option<&str>,
+) -> Result<(), GitError> {
+    let r = format!("refs/heads/{branch}");
+    match old {
+        Some(o) => git(repo, &["update-ref", &r, new, o]).map(|_| ()),
+        None => git(repo, &["update-ref", &r, new]).map(|_| ()),
+    }
+}
+
+/// Points `refs/<name>` (e.g. a checkpoint's `refs/zerg/<feature>/wip/<task>`) at `commit`.
+pub fn set_ref(repo: &Path, name: &str, commit: &str) -> Result<(), GitError> {
+    git(repo, &["update-ref", name, commit]).map(|_| ())
 }

@@ -5,8 +5,9 @@
 //! `zerg/<feature>/staging` so the next level sees all of the previous one. It keeps the run
 //! going when workers fail to spawn, crash or hang, and when zergd itself restarts.
 //!
-//! The crate is a library with a thin `main`: [`run`] serves the `zerg.v1` gRPC API on a Unix
-//! socket and drives one [`supervisor::Supervisor`] actor that owns every rush.
+//! The crate is a library with a thin `main`: [`run`] serves the `zerg.v1` control API on a Unix
+//! socket only its owner can open, and drives one [`supervisor::Supervisor`] actor that owns
+//! every rush; workers reach zergd on a separate socket per rush ([`worker_plane`]).
 
 pub mod backoff;
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod monitor;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod worker_plane;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -26,7 +28,6 @@ use nix::fcntl::{Flock, FlockArg};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use zerg_proto::v1::control_server::ControlServer;
-use zerg_proto::v1::worker_server::WorkerServer;
 
 use crate::clock::SystemClock;
 use crate::supervisor::{Settings, Supervisor};
@@ -150,8 +151,7 @@ pub async fn run(
         }
     };
     let result = tonic::transport::Server::builder()
-        .add_service(ControlServer::new(services.clone()))
-        .add_service(WorkerServer::new(services))
+        .add_service(ControlServer::new(services))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
     sup_task.abort();

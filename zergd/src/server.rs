@@ -1,4 +1,5 @@
-//! The gRPC services: thin shims that turn each RPC into a supervisor command.
+//! The control service (zergctl's API): thin shims that turn each RPC into a supervisor
+//! command. The worker service is in [`crate::worker_plane`].
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -6,16 +7,15 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
-use zerg_proto::v1::worker_server::Worker;
 
-use crate::supervisor::{ControlCmd, Event, Handle, WorkerCmd};
+use crate::supervisor::{ControlCmd, Event, Handle};
 
-/// Both services share one supervisor handle.
+/// The control service, backed by the supervisor handle.
 #[derive(Clone)]
 pub struct Services {
     handle: Handle,
@@ -203,75 +203,6 @@ impl Control for Services {
     ) -> Result<Response<v1::ShutdownReply>, Status> {
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Shutdown(tx)))
-            .await
-            .map(Response::new)
-    }
-}
-
-#[tonic::async_trait]
-impl Worker for Services {
-    async fn register(
-        &self,
-        req: Request<v1::RegisterRequest>,
-    ) -> Result<Response<v1::RegisterReply>, Status> {
-        let r = req.into_inner();
-        self.handle
-            .ask(|tx| Event::Worker(WorkerCmd::Register(r, tx)))
-            .await
-            .map(Response::new)
-    }
-
-    async fn lease(
-        &self,
-        req: Request<v1::LeaseRequest>,
-    ) -> Result<Response<v1::LeaseReply>, Status> {
-        let r = req.into_inner();
-        self.handle
-            .ask(|tx| Event::Worker(WorkerCmd::Lease(r, tx)))
-            .await
-            .map(Response::new)
-    }
-
-    async fn heartbeat(
-        &self,
-        req: Request<Streaming<v1::HeartbeatRequest>>,
-    ) -> Result<Response<v1::HeartbeatReply>, Status> {
-        let mut stream = req.into_inner();
-        while let Some(msg) = stream.next().await {
-            let msg = msg?;
-            self.handle
-                .ask(|tx| Event::Worker(WorkerCmd::Heartbeat(msg, tx)))
-                .await?;
-        }
-        Ok(Response::new(v1::HeartbeatReply {}))
-    }
-
-    async fn complete(
-        &self,
-        req: Request<v1::CompleteRequest>,
-    ) -> Result<Response<v1::Ack>, Status> {
-        let r = req.into_inner();
-        self.handle
-            .ask(|tx| Event::Worker(WorkerCmd::Complete(r, tx)))
-            .await
-            .map(Response::new)
-    }
-
-    async fn fail(&self, req: Request<v1::FailRequest>) -> Result<Response<v1::Ack>, Status> {
-        let r = req.into_inner();
-        self.handle
-            .ask(|tx| Event::Worker(WorkerCmd::Fail(r, tx)))
-            .await
-            .map(Response::new)
-    }
-
-    async fn escalate(
-        &self,
-        req: Request<v1::EscalateRequest>,
-    ) -> Result<Response<v1::Ack>, Status> {
-        let r = req.into_inner();
-        self.handle
-            .ask(|tx| Event::Worker(WorkerCmd::Escalate(r, tx)))
             .await
             .map(Response::new)
     }

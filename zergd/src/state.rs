@@ -143,6 +143,8 @@ pub struct TaskState {
     pub commit: Option<String>,
     /// Checkpoint commit to resume from.
     pub resume_from: Option<String>,
+    /// The commit the current lease started from; a reported commit must descend from it.
+    pub base_commit: Option<String>,
     /// Files changed outside the task's ownership.
     pub out_of_scope: Vec<String>,
     /// Failed tasks this one waits on.
@@ -183,6 +185,8 @@ pub struct WorkerState {
     pub generation: u64,
     /// Last commit of this slot that zergd accepted.
     pub accepted_head: String,
+    /// SHA-256 of the current generation's worker token (the token itself is never stored).
+    pub token_sha256: String,
     /// Unix ms of recent respawns, for the respawn window.
     pub respawn_times_ms: Vec<i64>,
     /// Respawns so far.
@@ -555,5 +559,34 @@ mod tests {
         }
         assert_eq!(d.execution_log.len(), EXECUTION_LOG_LIMIT);
         assert_eq!(d.execution_log[0].data["i"], 10);
+    }
+}
+
+/// Writes the compatible `heartbeat-<id>.json` and `progress-<id>.json` of a worker into the
+/// state directory (temp file, fsync, rename). zergd writes them from what workers report over
+/// gRPC, so workers never need write access to the state directory. Failures are logged: the
+/// files are for compatibility, zergd's own state is authoritative.
+pub fn write_worker_files(
+    dir: &Path,
+    worker: u32,
+    heartbeat: &serde_json::Value,
+    progress: &serde_json::Value,
+) {
+    for (name, value) in [
+        (format!("heartbeat-{worker}.json"), heartbeat),
+        (format!("progress-{worker}.json"), progress),
+    ] {
+        let result = (|| -> std::io::Result<()> {
+            fs::create_dir_all(dir)?;
+            let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
+            serde_json::to_writer(&mut tmp, value).map_err(std::io::Error::other)?;
+            tmp.write_all(b"\n")?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(dir.join(&name)).map_err(|e| e.error)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(file = %dir.join(&name).display(), error = %e, "cannot write worker file");
+        }
     }
 }

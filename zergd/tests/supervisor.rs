@@ -13,6 +13,7 @@ use zerg_proto::v1;
 use zergd::clock::SystemClock;
 use zergd::launcher::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
 use zergd::supervisor::{ControlCmd, Event, Handle, Settings, Supervisor, WorkerCmd};
+use zergd::worker_plane::WorkerAuth;
 
 /// A launcher that starts nothing: it hands each spawn to the test and lets the test end
 /// workers.
@@ -129,6 +130,11 @@ fn repo(dir: &Path) -> PathBuf {
     r
 }
 
+/// What the worker plane sees of a call from this worker: its rush's socket, its token.
+fn auth(spec: &WorkerSpec) -> WorkerAuth {
+    WorkerAuth::for_token(&spec.rush_id, &spec.token)
+}
+
 fn me(spec: &WorkerSpec) -> Option<v1::WorkerRef> {
     Some(v1::WorkerRef {
         rush_id: spec.rush_id.clone(),
@@ -140,14 +146,17 @@ fn me(spec: &WorkerSpec) -> Option<v1::WorkerRef> {
 /// Registers a spawned worker and leases its next task.
 async fn lease(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
     h.ask(|tx| {
-        Event::Worker(WorkerCmd::Register(
-            v1::RegisterRequest {
-                worker: me(spec),
-                pid: 1,
-                ..Default::default()
-            },
-            tx,
-        ))
+        Event::Worker(
+            auth(spec),
+            WorkerCmd::Register(
+                v1::RegisterRequest {
+                    worker: me(spec),
+                    pid: 1,
+                    ..Default::default()
+                },
+                tx,
+            ),
+        )
     })
     .await
     .unwrap();
@@ -157,7 +166,12 @@ async fn lease(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
 async fn next(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
     tokio::time::timeout(
         Duration::from_secs(30),
-        h.ask(|tx| Event::Worker(WorkerCmd::Lease(v1::LeaseRequest { worker: me(spec) }, tx))),
+        h.ask(|tx| {
+            Event::Worker(
+                auth(spec),
+                WorkerCmd::Lease(v1::LeaseRequest { worker: me(spec) }, tx),
+            )
+        }),
     )
     .await
     .expect("a lease reply")
@@ -199,7 +213,7 @@ async fn complete(h: &Handle, spec: &WorkerSpec, t: &v1::Task) {
         commit,
         ..Default::default()
     };
-    h.ask(|tx| Event::Worker(WorkerCmd::Complete(req, tx)))
+    h.ask(|tx| Event::Worker(auth(spec), WorkerCmd::Complete(req, tx)))
         .await
         .unwrap();
 }
@@ -341,7 +355,7 @@ async fn a_crashed_worker_is_replaced_and_its_task_goes_to_the_other() {
         ..Default::default()
     };
     let err = h
-        .ask(|tx| Event::Worker(WorkerCmd::Complete(late, tx)))
+        .ask(|tx| Event::Worker(auth(&w1), WorkerCmd::Complete(late, tx)))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
@@ -376,4 +390,89 @@ async fn spawn_failures_are_retried_while_status_keeps_answering() {
     assert_ne!(a.worker_id, b.worker_id);
     let st = status(&h, &r).await;
     assert_eq!(st.resilience.unwrap().spawn_retries, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let w1 = spawns.recv().await.unwrap();
+    let lease_as = |a: WorkerAuth, spec: &WorkerSpec| {
+        let h = h.clone();
+        let req = v1::LeaseRequest { worker: me(spec) };
+        async move {
+            h.ask(|tx| Event::Worker(a, WorkerCmd::Lease(req, tx)))
+                .await
+                .unwrap_err()
+        }
+    };
+    // No token, another worker's token, or the right token on another rush's socket.
+    let none = WorkerAuth {
+        rush_id: w0.rush_id.clone(),
+        token_sha256: None,
+    };
+    assert_eq!(
+        lease_as(none, &w0).await.code(),
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(
+        lease_as(auth(&w1), &w0).await.code(),
+        tonic::Code::PermissionDenied
+    );
+    // A socket of a rush zergd does not know.
+    let elsewhere = WorkerAuth::for_token("another-rush", &w0.token);
+    assert_eq!(lease_as(elsewhere, &w0).await.code(), tonic::Code::NotFound);
+    assert_ne!(w0.token, w1.token);
+
+    // A commit that changes the spec is refused and the attempt fails; the spec on staging
+    // stays as the base had it.
+    let t0 = task(lease(&h, &w0).await);
+    let wt = &w0.worktree;
+    git(wt, &["reset", "--hard", "-q", &t0.base_commit]);
+    std::fs::create_dir_all(wt.join(".gsd/specs/f")).unwrap();
+    std::fs::write(wt.join(".gsd/specs/f/task-graph.json"), "{}").unwrap();
+    git(wt, &["add", "-A"]);
+    git(wt, &["commit", "-q", "-m", "rewrites the spec"]);
+    let commit = git(wt, &["rev-parse", "HEAD"]);
+    let req = v1::CompleteRequest {
+        worker: me(&w0),
+        lease_id: t0.lease_id.clone(),
+        task_id: t0.id.clone(),
+        commit,
+        ..Default::default()
+    };
+    let err = h
+        .ask(|tx| Event::Worker(auth(&w0), WorkerCmd::Complete(req, tx)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("spec"), "{}", err.message());
+    let st = status(&h, &r).await;
+    assert_ne!(st.tasks[&t0.id].status, "complete");
+    assert!(
+        st.tasks[&t0.id].error.contains("commit refused"),
+        "{:?}",
+        st.tasks[&t0.id]
+    );
+    // A commit id that is not hex is refused the same way, and nothing panics.
+    let t = task(next(&h, &w1).await);
+    let req = v1::CompleteRequest {
+        worker: me(&w1),
+        lease_id: t.lease_id.clone(),
+        task_id: t.id.clone(),
+        commit: "é".repeat(20),
+        ..Default::default()
+    };
+    let err = h
+        .ask(|tx| Event::Worker(auth(&w1), WorkerCmd::Complete(req, tx)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("not an object id"),
+        "{}",
+        err.message()
+    );
 }

@@ -42,8 +42,10 @@ pub struct WorkerSpec {
     pub state_dir: PathBuf,
     /// `.zerg/logs` (host path).
     pub log_dir: PathBuf,
-    /// zergd's socket (host path).
+    /// The rush's worker-plane socket (host path); never the control socket.
     pub socket: PathBuf,
+    /// The worker's token for this generation.
+    pub token: crate::worker_plane::WorkerToken,
     /// The `zerg-worker-agent` binary (host path).
     pub agent_bin: PathBuf,
     /// Container settings (container mode only).

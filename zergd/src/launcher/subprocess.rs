@@ -18,7 +18,8 @@ use super::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, Worker
 #[derive(Debug, Default, Clone)]
 pub struct SubprocessLauncher;
 
-/// The environment every worker gets (REFERENCE §5.1), with host paths.
+/// The environment every subprocess worker gets (the `ZERG_*` variables of the original, plus
+/// the worker's token), with host paths.
 pub fn worker_env(spec: &WorkerSpec) -> Vec<(String, String)> {
     let p = |x: &std::path::Path| x.to_string_lossy().to_string();
     vec![
@@ -33,6 +34,10 @@ pub fn worker_env(spec: &WorkerSpec) -> Vec<(String, String)> {
         ("ZERG_SOCKET".into(), p(&spec.socket)),
         ("ZERG_RUSH_ID".into(), spec.rush_id.clone()),
         ("ZERG_GENERATION".into(), spec.generation.to_string()),
+        (
+            zerg_proto::ENV_WORKER_TOKEN.into(),
+            spec.token.expose().to_string(),
+        ),
     ]
 }
 

@@ -378,7 +378,8 @@ fn exclude_zerg_dirs(repo: &Path) {
 }
 
 /// Merges every worker's accepted commits into staging, runs the quality gates, and moves every
-/// worker branch onto the new staging head.
+/// worker branch onto the new staging head. The merge never changes the rush's spec: every
+/// merged commit was checked to leave it as the base had it.
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
     for (w, _, head) in &job.heads {
@@ -414,14 +415,12 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             tracing::warn!(gate = %g.name, "optional quality gate failed");
         }
     }
-    for (w, wt, _) in &job.heads {
-        if wt.exists() {
-            if let Err(e) = git::reset_hard(wt, &head) {
-                return MergeResult::Error(e.to_string());
-            }
-            // Files the reset wrote must stay writable for a container worker (root zergd only).
-            let _ =
-                crate::launcher::container::grant_container_access(wt, &worker_branch(feature, *w));
+    // Every worker branch moves onto the new staging head. Only the ref moves: the worktrees
+    // are the workers' own (each task starts with a reset to its lease's base commit), and zergd
+    // never runs git inside a worktree a worker could have tampered with.
+    for (w, _, _) in &job.heads {
+        if let Err(e) = git::move_branch(staging, &worker_branch(feature, *w), &head, None) {
+            return MergeResult::Error(e.to_string());
         }
     }
     MergeResult::Merged(head)

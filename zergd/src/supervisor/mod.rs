@@ -25,11 +25,12 @@ use zerg_proto::v1;
 use crate::clock::Clock;
 use crate::config::parse_memory;
 use crate::launcher::container::ContainerLauncher;
-use crate::launcher::subprocess::{SubprocessLauncher, same_process};
+use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
 use crate::monitor::{Level, Monitor, Source};
 use crate::state::{Registry, RegistryEntry, StateStore};
-use rush::{Effects, MergeResult, Rush};
+use crate::worker_plane::WorkerAuth;
+use rush::{CommitCheck, Effects, MergeResult, Rush};
 
 /// Reply channel type.
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
@@ -71,12 +72,43 @@ pub enum WorkerCmd {
     Escalate(v1::EscalateRequest, Reply<v1::Ack>),
 }
 
+/// A worker report whose commit is being checked in the background.
+pub enum Pending {
+    /// A completion.
+    Complete(v1::CompleteRequest, Reply<v1::Ack>),
+    /// A checkpoint (a failure report carrying a WIP commit).
+    Checkpoint(v1::FailRequest, Reply<v1::Ack>),
+}
+
+impl WorkerCmd {
+    /// Answers the call with an error without handling it.
+    pub fn refuse(self, e: Status) {
+        match self {
+            WorkerCmd::Register(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Lease(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Heartbeat(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Complete(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Fail(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Escalate(_, r) => drop(r.send(Err(e))),
+        }
+    }
+}
+
 /// Everything the supervisor reacts to.
 pub enum Event {
     /// A zergctl command.
     Control(ControlCmd),
-    /// A worker RPC.
-    Worker(WorkerCmd),
+    /// A worker RPC, with who sent it as the worker plane saw it.
+    Worker(WorkerAuth, WorkerCmd),
+    /// A reported commit was checked (see [`crate::git::check_task_commit`]).
+    Verified {
+        /// Rush id.
+        rush: String,
+        /// The report.
+        pending: Pending,
+        /// `Err` says why the commit is refused.
+        result: Result<(), String>,
+    },
     /// A worker ended.
     Exited {
         /// Rush id.
@@ -140,7 +172,7 @@ impl Handle {
 /// Static settings of the daemon.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The control socket (passed to workers).
+    /// The control socket; the worker-plane sockets live in `w/` beside it.
     pub socket: PathBuf,
     /// The worker agent binary.
     pub agent_bin: PathBuf,
@@ -148,13 +180,37 @@ pub struct Settings {
     pub registry_path: PathBuf,
 }
 
+/// The launchers: subprocess, and one container launcher connected on first use and then kept
+/// for the life of zergd, so every spawn, stop, drain and cleanup acts through the same one.
+#[derive(Clone)]
+struct Launchers {
+    subprocess: Arc<dyn Launcher>,
+    container: Arc<tokio::sync::OnceCell<Arc<dyn Launcher>>>,
+}
+
+impl Launchers {
+    async fn get(&self, mode: &str) -> Result<Arc<dyn Launcher>, SpawnError> {
+        if mode != "container" {
+            return Ok(self.subprocess.clone());
+        }
+        self.container
+            .get_or_try_init(|| async {
+                ContainerLauncher::connect()
+                    .await
+                    .map(|c| Arc::new(c) as Arc<dyn Launcher>)
+            })
+            .await
+            .cloned()
+    }
+}
+
 /// The supervisor actor.
 pub struct Supervisor {
     rushes: HashMap<String, Rush>,
     preparing: HashSet<(String, String)>,
     watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, Status>>>>,
-    subprocess: Arc<dyn Launcher>,
-    container: Option<Arc<dyn Launcher>>,
+    launchers: Launchers,
+    planes: HashMap<String, tokio::task::JoinHandle<()>>,
     clock: Arc<dyn Clock>,
     settings: Settings,
     tx: mpsc::UnboundedSender<Event>,
@@ -179,12 +235,16 @@ impl Supervisor {
         container: Option<Arc<dyn Launcher>>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let cell = tokio::sync::OnceCell::new_with(container);
         Supervisor {
             rushes: HashMap::new(),
             preparing: HashSet::new(),
             watchers: HashMap::new(),
-            subprocess,
-            container,
+            launchers: Launchers {
+                subprocess,
+                container: Arc::new(cell),
+            },
+            planes: HashMap::new(),
             clock,
             settings,
             tx,
@@ -302,14 +362,18 @@ impl Supervisor {
         }
     }
 
-    fn launcher_for(&self, mode: &str) -> Result<Arc<dyn Launcher>, SpawnError> {
-        if mode == "container" {
-            if let Some(c) = &self.container {
-                return Ok(c.clone());
+    /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only.
+    fn ensure_plane(&mut self, rush_id: &str) {
+        if self.planes.get(rush_id).is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        match crate::worker_plane::serve(&self.settings.socket, rush_id, self.handle()) {
+            Ok(h) => {
+                self.planes.insert(rush_id.to_string(), h);
             }
-            Err(SpawnError::new("container launcher not connected yet"))
-        } else {
-            Ok(self.subprocess.clone())
+            Err(e) => {
+                tracing::error!(rush = rush_id, error = %e, "cannot serve the worker plane; workers of this rush cannot connect")
+            }
         }
     }
 
@@ -327,28 +391,25 @@ impl Supervisor {
             tokio::task::spawn_blocking(move || append_escalations(&dir, &list));
         }
         for (w, generation) in fx.spawn {
-            let spec = self.worker_spec(rush_id, w, generation);
+            let Some(spec) = self.worker_spec(rush_id, w, generation) else {
+                continue;
+            };
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
-            let launcher = self.launcher_for(&mode);
-            let container_missing = launcher.is_err() && mode == "container";
-            let known = launcher.ok();
+            let launchers = self.launchers.clone();
+            let mode = mode.clone();
             tokio::spawn(async move {
-                let launcher: Arc<dyn Launcher> = match known {
-                    Some(l) => l,
-                    None if container_missing => match ContainerLauncher::connect().await {
-                        Ok(c) => Arc::new(c),
-                        Err(e) => {
-                            let _ = tx.send(Event::Spawned {
-                                rush: rid,
-                                worker: w,
-                                generation,
-                                result: Err(e),
-                            });
-                            return;
-                        }
-                    },
-                    None => return,
+                let launcher = match launchers.get(&mode).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = tx.send(Event::Spawned {
+                            rush: rid,
+                            worker: w,
+                            generation,
+                            result: Err(e),
+                        });
+                        return;
+                    }
                 };
                 let wt = spec.worktree.clone();
                 let repo = spec.repo.clone();
@@ -377,27 +438,6 @@ impl Supervisor {
                 });
             });
         }
-        for (_, sp, grace) in fx.stop {
-            if let Ok(l) = self.launcher_for(&mode) {
-                tokio::spawn(async move {
-                    l.stop(sp.clone(), grace).await;
-                    l.cleanup(sp).await;
-                });
-            }
-        }
-        for (_, sp, grace) in fx.drain {
-            if let Ok(l) = self.launcher_for(&mode) {
-                tokio::spawn(async move {
-                    // Give the worker the grace period to exit by itself, then stop it.
-                    let deadline = Instant::now() + grace;
-                    while Instant::now() < deadline && l.is_alive(sp.clone()).await {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    l.stop(sp.clone(), grace).await;
-                    l.cleanup(sp).await;
-                });
-            }
-        }
         if let Some(job) = fx.merge {
             let gates = r.config.quality_gates.clone();
             let feature = r.doc.feature.clone();
@@ -413,45 +453,75 @@ impl Supervisor {
                 });
             });
         }
-        if fx.cleanup {
-            let paths = r.paths.clone();
-            let feature = r.doc.feature.clone();
-            let pids: Vec<Spawned> = r
-                .rt_workers
-                .values()
-                .filter_map(|w| w.spawned.clone())
-                .collect();
+        let stops: Vec<(Spawned, Duration, bool)> = fx
+            .stop
+            .into_iter()
+            .map(|(_, sp, g)| (sp, g, false))
+            .chain(fx.drain.into_iter().map(|(_, sp, g)| (sp, g, true)))
+            .collect();
+        let cleanup = fx.cleanup.then(|| {
             let wts: BTreeMap<u32, PathBuf> = r
                 .doc
                 .workers
                 .values()
                 .map(|w| (w.worker_id, PathBuf::from(&w.worktree_path)))
                 .collect();
-            let grace =
-                crate::config::secs(r.config.workers.stop_grace_seconds) + Duration::from_secs(5);
-            tokio::spawn(async move {
-                // Wait until the workers have exited (they were told to) before removing their
-                // worktrees.
-                let deadline = Instant::now() + grace;
-                while Instant::now() < deadline
-                    && pids
-                        .iter()
-                        .any(|p| p.container_id.is_none() && same_process(p))
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+            (r.paths.clone(), r.doc.feature.clone(), wts)
+        });
+        if stops.is_empty() && fx.sweep.is_none() && cleanup.is_none() {
+            return;
+        }
+        let launchers = self.launchers.clone();
+        let rid = rush_id.to_string();
+        let sweep = fx.sweep;
+        tokio::spawn(async move {
+            let launcher = match launchers.get(&mode).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(rush = %rid, error = %e, "cannot stop the rush's workers");
+                    return;
                 }
+            };
+            let mut set = tokio::task::JoinSet::new();
+            for (sp, grace, drain) in stops {
+                let l = launcher.clone();
+                set.spawn(async move {
+                    if drain {
+                        // Give the worker the grace period to exit by itself, then stop it.
+                        let deadline = Instant::now() + grace;
+                        while Instant::now() < deadline && l.is_alive(sp.clone()).await {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                    l.stop(sp.clone(), grace).await;
+                    l.cleanup(sp).await;
+                });
+            }
+            while set.join_next().await.is_some() {}
+            // Whatever is still there (an exited container, one whose exit was never seen)
+            // goes too; a resumed rush's newer generations are left alone.
+            if let Some(upto) = sweep {
+                for d in launcher.discover(&rid).await {
+                    if upto.get(&d.worker_id).is_none_or(|g| d.generation <= *g) {
+                        launcher.stop(d.spawned.clone(), Duration::ZERO).await;
+                        launcher.cleanup(d.spawned).await;
+                    }
+                }
+            }
+            if let Some((paths, feature, wts)) = cleanup {
                 let _ = tokio::task::spawn_blocking(move || {
                     jobs::cleanup_worktrees(&paths, &feature, &wts)
                 })
                 .await;
-            });
-        }
+            }
+        });
     }
 
-    fn worker_spec(&self, rush_id: &str, w: u32, generation: u64) -> WorkerSpec {
-        let r = &self.rushes[rush_id];
+    fn worker_spec(&self, rush_id: &str, w: u32, generation: u64) -> Option<WorkerSpec> {
+        let r = self.rushes.get(rush_id)?;
         let res = &r.config.resources;
-        WorkerSpec {
+        let token = r.rt_workers.get(&w)?.token.clone()?;
+        Some(WorkerSpec {
             rush_id: rush_id.to_string(),
             feature: r.doc.feature.clone(),
             worker_id: w,
@@ -462,7 +532,8 @@ impl Supervisor {
             spec_dir: r.paths.spec_dir.clone(),
             state_dir: r.paths.state_dir.clone(),
             log_dir: r.paths.log_dir.clone(),
-            socket: self.settings.socket.clone(),
+            socket: crate::worker_plane::plane_socket(&self.settings.socket, rush_id),
+            token,
             agent_bin: self.settings.agent_bin.clone(),
             container: ContainerSpec {
                 image: r.config.container.image.clone(),
@@ -471,7 +542,7 @@ impl Supervisor {
                 cpus: res.container_cpu_limit,
                 pids_limit: res.container_pids_limit,
             },
-        }
+        })
     }
 
     // === Events ===
@@ -481,7 +552,12 @@ impl Supervisor {
         let wall = self.clock.wall();
         match ev {
             Event::Control(c) => self.handle_control(c, now, wall),
-            Event::Worker(c) => self.handle_worker(c, now, wall),
+            Event::Worker(auth, c) => self.handle_worker(auth, c, now, wall),
+            Event::Verified {
+                rush,
+                pending,
+                result,
+            } => self.on_verified(&rush, pending, result, now, wall),
             Event::Exited {
                 rush,
                 worker,
@@ -663,6 +739,7 @@ impl Supervisor {
                         let _ = reply.send(Err(e));
                         return;
                     }
+                    self.ensure_plane(&id);
                     let mut res = Ok(vec![]);
                     self.with_rush(&id, |r, fx| {
                         if mode_given {
@@ -730,6 +807,7 @@ impl Supervisor {
             }
         };
         let id = p.doc.rush.rush_id.clone();
+        self.ensure_plane(&id);
         let mode = p.doc.rush.mode.clone();
         let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
         let rush = Rush::new(
@@ -757,58 +835,142 @@ impl Supervisor {
         self.pending.push((id, fx));
     }
 
-    fn handle_worker(&mut self, c: WorkerCmd, now: Instant, wall: std::time::SystemTime) {
-        fn rush_of(r: &Option<v1::WorkerRef>) -> String {
-            r.as_ref().map(|w| w.rush_id.clone()).unwrap_or_default()
+    fn handle_worker(
+        &mut self,
+        auth: WorkerAuth,
+        c: WorkerCmd,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        fn who(r: &Option<v1::WorkerRef>) -> v1::WorkerRef {
+            r.clone().unwrap_or_default()
         }
-        let unknown = |id: &str| Status::not_found(format!("zergd knows no rush {id}"));
+        let me = match &c {
+            WorkerCmd::Register(req, _) => who(&req.worker),
+            WorkerCmd::Lease(req, _) => who(&req.worker),
+            WorkerCmd::Heartbeat(req, _) => who(&req.worker),
+            WorkerCmd::Complete(req, _) => who(&req.worker),
+            WorkerCmd::Fail(req, _) => who(&req.worker),
+            WorkerCmd::Escalate(req, _) => who(&req.worker),
+        };
+        // Who is calling is settled before anything looks at what it asks.
+        let checked = match self.rushes.get(&auth.rush_id) {
+            Some(r) => r.authorize(&auth, &me),
+            None => Err(Status::not_found(format!(
+                "zergd knows no rush {}",
+                auth.rush_id
+            ))),
+        };
+        if let Err(e) = checked {
+            tracing::warn!(rush = %auth.rush_id, worker = me.worker_id, error = %e.message(), "worker RPC refused");
+            c.refuse(e);
+            return;
+        }
+        let id = auth.rush_id;
         match c {
             WorkerCmd::Register(req, reply) => {
-                let id = rush_of(&req.worker);
-                match self.rushes.get_mut(&id) {
-                    Some(r) => {
-                        let res = r.on_register(req, now, wall);
-                        let mut fx = Effects::default();
-                        fx.reply(reply, res);
-                        self.pending.push((id, fx));
-                    }
-                    None => {
-                        let _ = reply.send(Err(unknown(&id)));
-                    }
-                }
+                self.reply_in(&id, reply, |r, _| r.on_register(req, now, wall));
             }
             WorkerCmd::Lease(req, reply) => {
-                let id = rush_of(&req.worker);
-                if !self.rushes.contains_key(&id) {
-                    let _ = reply.send(Err(unknown(&id)));
-                    return;
-                }
                 self.with_rush(&id, |r, fx| r.on_lease(req, reply, now, wall, fx));
             }
             WorkerCmd::Heartbeat(req, reply) => {
-                let id = rush_of(&req.worker);
-                let res = match self.rushes.get_mut(&id) {
-                    Some(r) => r.on_heartbeat(req, now, wall),
-                    None => Err(unknown(&id)),
+                let w = me.worker_id;
+                let Some(r) = self.rushes.get_mut(&id) else {
+                    return;
                 };
+                let res = r.on_heartbeat(req, now, wall);
+                if res.is_ok()
+                    && let Some((hb, progress)) = r.worker_files(w, wall)
+                {
+                    let dir = r.paths.state_dir.clone();
+                    tokio::task::spawn_blocking(move || {
+                        crate::state::write_worker_files(&dir, w, &hb, &progress)
+                    });
+                }
                 let _ = reply.send(res);
             }
             WorkerCmd::Complete(req, reply) => {
-                let id = rush_of(&req.worker);
-                self.reply_in(&id, reply, |r, fx| {
-                    r.on_complete(req, now, wall, fx).map(|_| v1::Ack {})
-                });
+                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+                match check {
+                    Ok(check) => self.verify(
+                        &id,
+                        check,
+                        req.commit.clone(),
+                        Pending::Complete(req, reply),
+                    ),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            WorkerCmd::Fail(req, reply) if !req.checkpoint_commit.is_empty() => {
+                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+                match check {
+                    Ok(check) => self.verify(
+                        &id,
+                        check,
+                        req.checkpoint_commit.clone(),
+                        Pending::Checkpoint(req, reply),
+                    ),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             WorkerCmd::Fail(req, reply) => {
-                let id = rush_of(&req.worker);
                 self.reply_in(&id, reply, |r, fx| {
                     r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
                 });
             }
             WorkerCmd::Escalate(req, reply) => {
-                let id = rush_of(&req.worker);
                 self.reply_in(&id, reply, |r, fx| {
                     r.on_escalate(req, wall, fx).map(|_| v1::Ack {})
+                });
+            }
+        }
+    }
+
+    /// Checks a reported commit off the actor thread (importing a container's objects first),
+    /// then hands the report back as [`Event::Verified`].
+    fn verify(&self, rush: &str, check: CommitCheck, commit: String, pending: Pending) {
+        let tx = self.tx.clone();
+        let rush = rush.to_string();
+        tokio::task::spawn_blocking(move || {
+            let result = verify_commit(&check, &commit, matches!(pending, Pending::Checkpoint(..)));
+            let _ = tx.send(Event::Verified {
+                rush,
+                pending,
+                result,
+            });
+        });
+    }
+
+    fn on_verified(
+        &mut self,
+        rush: &str,
+        pending: Pending,
+        result: Result<(), String>,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        match pending {
+            Pending::Complete(req, reply) => match result {
+                Ok(()) => self.reply_in(rush, reply, |r, fx| {
+                    r.on_complete(req, now, wall, fx).map(|_| v1::Ack {})
+                }),
+                Err(why) => self.reply_in(rush, reply, |r, fx| {
+                    let me = req.worker.clone().unwrap_or_default();
+                    Err(r.refuse_commit(&me, &req.task_id, &req.lease_id, &why, now, wall, fx))
+                }),
+            },
+            Pending::Checkpoint(mut req, reply) => {
+                if let Err(why) = result {
+                    tracing::warn!(task = %req.task_id, reason = %why, "checkpoint commit refused; the task restarts from scratch");
+                    req.checkpoint_commit.clear();
+                }
+                self.reply_in(rush, reply, |r, fx| {
+                    r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
                 });
             }
         }
@@ -872,21 +1034,34 @@ impl Supervisor {
             r.escalations = load_escalations(&r);
             r.dirty = false;
             if active {
+                self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;
+            } else if r.doc.rush.mode == "container" {
+                // A rush that ended while zergd was down leaves no container behind either.
+                self.sweep_ended(&e.rush_id);
             }
             self.rushes.insert(e.rush_id.clone(), r);
         }
     }
 
+    /// Removes every container of an ended rush (in the background).
+    fn sweep_ended(&self, rush_id: &str) {
+        let launchers = self.launchers.clone();
+        let rid = rush_id.to_string();
+        tokio::spawn(async move {
+            let Ok(l) = launchers.get("container").await else {
+                return;
+            };
+            for d in l.discover(&rid).await {
+                l.stop(d.spawned.clone(), Duration::ZERO).await;
+                l.cleanup(d.spawned).await;
+            }
+        });
+    }
+
     async fn readopt(&mut self, r: &mut Rush, now: Instant, wall: std::time::SystemTime) {
         let mode = r.doc.rush.mode.clone();
-        if mode == "container"
-            && self.container.is_none()
-            && let Ok(c) = ContainerLauncher::connect().await
-        {
-            self.container = Some(Arc::new(c));
-        }
-        let launcher = self.launcher_for(&mode).ok();
+        let launcher = self.launchers.get(&mode).await.ok();
         // At least 10 s: agents retry their connection with a backoff capped at 5 s.
         let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
             .max(Duration::from_secs(10));
@@ -1116,4 +1291,30 @@ fn append_escalations(state_dir: &Path, list: &[v1::Escalation]) {
     if let Err(e) = crate::state::write_atomic(state_dir, &path, &bytes, None) {
         tracing::warn!(error = %e, "cannot write escalations.json");
     }
+}
+
+/// [`crate::git::check_task_commit`] for a worker's report, after importing what a container
+/// wrote. An accepted commit also moves the worker's branch on the host (a container cannot),
+/// and a checkpoint gets the ref that keeps it reachable.
+fn verify_commit(check: &CommitCheck, commit: &str, checkpoint: bool) -> Result<(), String> {
+    if check.container
+        && let Err(e) = crate::launcher::container::import_worker_objects(&check.repo, check.worker)
+    {
+        return Err(format!("cannot import the worker's git objects: {e}"));
+    }
+    crate::git::check_task_commit(&check.repo, &check.base, commit, &check.protected)?;
+    if checkpoint {
+        let r = format!("refs/zerg/{}/wip/{}", check.feature, check.task);
+        if let Err(e) = crate::git::set_ref(&check.repo, &r, commit) {
+            tracing::warn!(error = %e, "cannot keep the checkpoint reachable");
+        }
+    } else if crate::git::rev(&check.repo, &format!("refs/heads/{}", check.branch)).as_deref()
+        != Some(commit)
+    {
+        let old = (!check.base.is_empty()).then_some(check.base.as_str());
+        if let Err(e) = crate::git::move_branch(&check.repo, &check.branch, commit, old) {
+            tracing::debug!(error = %e, "worker branch not moved (it moved meanwhile)");
+        }
+    }
+    Ok(())
 }

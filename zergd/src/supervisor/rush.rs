@@ -23,6 +23,7 @@ use crate::config::{Config, secs};
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::{Level, Monitor, Source};
 use crate::state::StateDoc;
+use crate::worker_plane::{WorkerAuth, WorkerToken};
 
 /// Reply channel for a lease request.
 pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, Status>>;
@@ -45,6 +46,9 @@ pub struct Effects {
     pub cleanup: bool,
     /// Escalations to append to `escalations.json`.
     pub escalations: Vec<v1::Escalation>,
+    /// The rush ended: once the stops and drains are done, remove whatever is left of its
+    /// workers (containers, running or exited) up to these generations per slot.
+    pub sweep: Option<BTreeMap<u32, u64>>,
 }
 
 impl Effects {
@@ -126,6 +130,32 @@ pub struct WorkerRt {
     pub reconnect_by: Option<Instant>,
     /// The last generation whose exit was handled (an exit is handled once).
     pub handled_gen: u64,
+    /// The current generation's token, handed to the launcher (never persisted).
+    pub token: Option<WorkerToken>,
+    /// Verification tiers of the slot's last reported attempt, for `progress-<id>.json`.
+    pub tiers: Vec<serde_json::Value>,
+}
+
+/// What zergd checks about a reported commit before accepting it (see
+/// [`crate::git::check_task_commit`]), gathered from the rush under the actor.
+#[derive(Debug, Clone)]
+pub struct CommitCheck {
+    /// Repository root.
+    pub repo: PathBuf,
+    /// The worker slot.
+    pub worker: u32,
+    /// Its branch.
+    pub branch: String,
+    /// The commit the lease started from.
+    pub base: String,
+    /// The spec directory tasks must not change (`.gsd/specs/<feature>`).
+    pub protected: String,
+    /// Container mode: the worker's new objects must be imported first.
+    pub container: bool,
+    /// The feature (for checkpoint refs).
+    pub feature: String,
+    /// The task.
+    pub task: String,
 }
 
 /// Where a rush keeps its files.
@@ -472,8 +502,11 @@ impl Rush {
         ws.current_task = None;
         ws.pid = None;
         ws.container_id = None;
+        let token = WorkerToken::generate();
+        ws.token_sha256 = token.hash();
         let generation = ws.generation;
         let rt = self.rt_workers.entry(w).or_default();
+        rt.token = Some(token);
         rt.spawn_due = None;
         rt.spawned = None;
         rt.registered = false;
@@ -917,6 +950,37 @@ impl Rush {
         }
     }
 
+    /// Checks that a worker-plane call comes from the worker it names: on this rush's socket,
+    /// with the token of that slot's current generation. Runs before anything else looks at the
+    /// request.
+    pub fn authorize(&self, auth: &WorkerAuth, r: &v1::WorkerRef) -> Result<(), Status> {
+        if auth.rush_id != r.rush_id {
+            return Err(Status::permission_denied(format!(
+                "this worker socket serves rush {}, not {:?}",
+                auth.rush_id,
+                r.rush_id.chars().take(80).collect::<String>()
+            )));
+        }
+        let Some(hash) = auth.token_sha256.as_deref() else {
+            return Err(Status::unauthenticated(
+                "worker RPCs must carry the worker's token (authorization: Bearer <ZERG_WORKER_TOKEN>)",
+            ));
+        };
+        self.check_generation(r)?;
+        let ws = self
+            .doc
+            .workers
+            .get(&r.worker_id.to_string())
+            .ok_or_else(|| Status::not_found(format!("no worker slot {}", r.worker_id)))?;
+        if ws.token_sha256.is_empty() || ws.token_sha256 != hash {
+            return Err(Status::permission_denied(format!(
+                "the token does not belong to worker {} generation {}",
+                r.worker_id, r.generation
+            )));
+        }
+        Ok(())
+    }
+
     /// A worker announced itself.
     pub fn on_register(
         &mut self,
@@ -937,7 +1001,8 @@ impl Rush {
         let reconnect = rt.reconnect_by.take().is_some();
         rt.registered = true;
         rt.last_hb = Some(now);
-        if rt.spawned.is_none() {
+        // A pid from inside a container means nothing on the host: never signal it.
+        if rt.spawned.is_none() && self.doc.rush.mode != "container" {
             rt.spawned = Some(Spawned {
                 pid: Some(req.pid),
                 start_time: crate::launcher::subprocess::proc_start_time(req.pid),
@@ -1124,6 +1189,7 @@ impl Rush {
         ts.started_at = Some(iso_millis(wall));
         ts.updated_at = iso_millis(wall);
         ts.next_retry_at = None;
+        ts.base_commit = Some(base.clone());
         let attempt = ts.retry_count + 1;
         let resume_from = ts.resume_from.clone().unwrap_or_default();
         self.rt_tasks.insert(
@@ -1262,6 +1328,110 @@ impl Rush {
         Ok(())
     }
 
+    /// What to check about a commit a worker reports for its current lease (`Complete`, or a
+    /// checkpoint's WIP commit), or why the report is refused outright.
+    pub fn commit_check(
+        &self,
+        r: &v1::WorkerRef,
+        task_id: &str,
+        lease_id: &str,
+    ) -> Result<CommitCheck, Status> {
+        self.check_lease(r, task_id, lease_id)?;
+        let ts = &self.doc.tasks[task_id];
+        Ok(CommitCheck {
+            repo: self.paths.repo.clone(),
+            worker: r.worker_id,
+            branch: worker_branch(self.feature(), r.worker_id),
+            base: ts.base_commit.clone().unwrap_or_default(),
+            protected: format!(".gsd/specs/{}", self.feature()),
+            container: self.doc.rush.mode == "container",
+            feature: self.feature().to_string(),
+            task: task_id.to_string(),
+        })
+    }
+
+    /// A reported commit failed zergd's checks: the attempt fails (and is retried with
+    /// backoff, up to the retry limit) and the worker is told its lease is over.
+    pub fn refuse_commit(
+        &mut self,
+        r: &v1::WorkerRef,
+        task_id: &str,
+        lease_id: &str,
+        why: &str,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Status {
+        if let Err(e) = self.check_lease(r, task_id, lease_id) {
+            return e;
+        }
+        let w = r.worker_id;
+        self.touch(w, now, wall);
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.current_task = None;
+            ws.status = "ready".into();
+            ws.step = Some("idle".into());
+        }
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Warn,
+            "commit_refused",
+            format!("Worker {w} reported a commit for {task_id} that zergd refused: {why}"),
+            json!({"task_id": task_id, "worker_id": w, "reason": why}),
+        );
+        self.fail_attempt(task_id, w, &format!("commit refused: {why}"), now, wall);
+        self.check_level_done(now, wall, fx);
+        self.dispatch(now, wall, fx);
+        Status::failed_precondition(format!("commit refused: {why}"))
+    }
+
+    /// The inputs of the compatible `heartbeat-<id>.json` and `progress-<id>.json` files of a
+    /// worker, as zergd last heard from it.
+    pub fn worker_files(
+        &self,
+        w: u32,
+        wall: SystemTime,
+    ) -> Option<(serde_json::Value, serde_json::Value)> {
+        let ws = self.doc.workers.get(&w.to_string())?;
+        let step = ws.step.clone().unwrap_or_else(|| "initializing".into());
+        let hb = json!({
+            "worker_id": w,
+            "timestamp": humantime::format_rfc3339_seconds(wall).to_string(),
+            "task_id": ws.current_task,
+            "step": step,
+            "progress_pct": ws.progress_pct,
+        });
+        let tiers = self
+            .rt_workers
+            .get(&w)
+            .map(|rt| rt.tiers.clone())
+            .unwrap_or_default();
+        let progress = json!({
+            "worker_id": w,
+            "tasks_completed": ws.tasks_completed,
+            "tasks_total": self.graph.tasks.len(),
+            "current_task": ws.current_task,
+            "current_step": step,
+            "tier_results": tiers,
+        });
+        Some((hb, progress))
+    }
+
+    /// Keeps the tier results of a slot's last attempt for its progress file.
+    fn record_tiers(&mut self, w: u32, task_id: &str, tiers: &[v1::TierResult]) {
+        let retry = self
+            .doc
+            .tasks
+            .get(task_id)
+            .map(|t| t.retry_count)
+            .unwrap_or(0);
+        self.rt_workers.entry(w).or_default().tiers = tiers
+            .iter()
+            .map(|t| json!({"tier": t.tier, "name": t.name, "success": t.success, "retry": retry}))
+            .collect();
+    }
+
     /// A worker committed its task.
     pub fn on_complete(
         &mut self,
@@ -1274,6 +1444,7 @@ impl Rush {
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
         self.touch(w, now, wall);
+        self.record_tiers(w, &req.task_id, &req.tiers);
         let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
         ts.cost_usd += req.cost_usd.max(0.0);
         ts.status = "complete".into();
@@ -1297,7 +1468,7 @@ impl Rush {
             Source::Worker(w),
             Level::Info,
             "task_complete",
-            format!("Worker {w} completed task {} ({})", req.task_id, &req.commit[..req.commit.len().min(10)]),
+            format!("Worker {w} completed task {} ({})", req.task_id, req.commit.chars().take(10).collect::<String>()),
             json!({"task_id": req.task_id, "worker_id": w, "commit": req.commit, "duration_ms": req.duration_ms}),
         );
         if !req.out_of_scope.is_empty() {
@@ -1332,6 +1503,7 @@ impl Rush {
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
         self.touch(w, now, wall);
+        self.record_tiers(w, &req.task_id, &req.tiers);
         let t = req.task_id.clone();
         if let Some(ts) = self.doc.tasks.get_mut(&t) {
             ts.cost_usd += req.cost_usd.max(0.0);
@@ -1880,6 +2052,13 @@ impl Rush {
     ) {
         let drain = self.state() != "stopped";
         self.dispatch(now, wall, fx);
+        fx.sweep = Some(
+            self.doc
+                .workers
+                .values()
+                .map(|w| (w.worker_id, w.generation))
+                .collect(),
+        );
         let ids: Vec<u32> = self.rt_workers.keys().copied().collect();
         for w in ids {
             let rt = self.rt_workers.get_mut(&w).expect("key");

@@ -1,0 +1,308 @@
+//! The worker plane: the `Worker` gRPC service on sockets of its own, and the tokens that say
+//! which worker is calling.
+//!
+//! zergd serves the control plane (`Control`, for zergctl) on its control socket, which only its
+//! owner can open and which is never mounted into a container. Workers talk to one socket per
+//! rush instead, `<control socket dir>/w/<id>/worker.sock`, which serves `Worker` and nothing
+//! else. Its directory holds only that socket, so container mode mounts the directory and no path
+//! inside a container leads to the control socket.
+//!
+//! Every spawn gets a fresh random 256-bit [`WorkerToken`], bound to the rush, the worker slot and
+//! the spawn generation. It reaches the worker through its environment
+//! ([`zerg_proto::ENV_WORKER_TOKEN`]) and must come back on every RPC as
+//! `authorization: Bearer <token>`. zergd keeps only its SHA-256 in the state file, so workers
+//! can still be re-adopted after a restart; the token itself is never logged nor persisted. The
+//! protocol does not depend on the transport: the same token check works for a worker that
+//! reaches zergd over TCP.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tokio::net::UnixListener;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use zerg_proto::v1;
+use zerg_proto::v1::worker_server::{Worker, WorkerServer};
+
+use crate::supervisor::{Event, Handle, WorkerCmd};
+
+/// File name of a worker-plane socket inside its own directory.
+pub const PLANE_SOCKET_NAME: &str = "worker.sock";
+
+/// Largest message a worker may send (a completion with many tier results is a few KiB).
+const MAX_WORKER_MESSAGE: usize = 1 << 20;
+
+/// A worker's secret: 32 random bytes, hex-encoded. Its `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerToken(String);
+
+impl std::fmt::Debug for WorkerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkerToken(<redacted>)")
+    }
+}
+
+impl WorkerToken {
+    /// A fresh token from the operating system's random source.
+    pub fn generate() -> Self {
+        let mut bytes = [0u8; 32];
+        if getrandom::fill(&mut bytes).is_err() {
+            // The OS source failing is not recoverable in any sane way; mixing in the
+            // non-cryptographic generator at least keeps tokens unique.
+            for b in bytes.iter_mut() {
+                *b = fastrand::u8(..);
+            }
+        }
+        Self(hex(&bytes))
+    }
+
+    /// The token as sent by the worker.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Its SHA-256, hex-encoded: what the state file keeps.
+    pub fn hash(&self) -> String {
+        hash_token(&self.0)
+    }
+}
+
+/// SHA-256 of a token, hex-encoded.
+pub fn hash_token(token: &str) -> String {
+    hex(&Sha256::digest(token.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// Who is calling on the worker plane: the rush whose socket the call came in on, and the hash
+/// of the token it carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerAuth {
+    /// The rush the socket belongs to.
+    pub rush_id: String,
+    /// SHA-256 of the presented token; `None` when the call carried none.
+    pub token_sha256: Option<String>,
+}
+
+impl WorkerAuth {
+    /// Reads `authorization: Bearer <token>` from a call's metadata.
+    pub fn from_metadata(rush_id: &str, md: &MetadataMap) -> Self {
+        let token = md
+            .get(zerg_proto::WORKER_TOKEN_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && t.len() <= 256);
+        Self {
+            rush_id: rush_id.to_string(),
+            token_sha256: token.map(hash_token),
+        }
+    }
+
+    /// The auth a worker holding `token` presents on the plane of `rush_id`.
+    pub fn for_token(rush_id: &str, token: &WorkerToken) -> Self {
+        Self {
+            rush_id: rush_id.to_string(),
+            token_sha256: Some(token.hash()),
+        }
+    }
+}
+
+/// The directory of a rush's worker-plane socket, beside the control socket:
+/// `<dir>/w/<16 hex digits of the rush id's SHA-256>` (short, so the socket path stays within
+/// the 108 bytes a Unix socket path may have).
+pub fn plane_dir(control_socket: &Path, rush_id: &str) -> PathBuf {
+    let dir = control_socket.parent().unwrap_or(Path::new("."));
+    let id = hex(&Sha256::digest(rush_id.as_bytes()));
+    dir.join("w").join(&id[..16])
+}
+
+/// The worker-plane socket of a rush.
+pub fn plane_socket(control_socket: &Path, rush_id: &str) -> PathBuf {
+    plane_dir(control_socket, rush_id).join(PLANE_SOCKET_NAME)
+}
+
+/// Binds a rush's worker-plane socket (mode 0600, in a 0700 directory that holds nothing else)
+/// and serves the `Worker` service on it until the returned task is aborted. The directory is
+/// kept across restarts, so containers that mounted it see the new socket.
+pub fn serve(
+    control_socket: &Path,
+    rush_id: &str,
+    handle: Handle,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let dir = plane_dir(control_socket, rush_id);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    // Anything else in the directory would be visible inside every container of the rush.
+    for entry in std::fs::read_dir(&dir)?.flatten() {
+        let p = entry.path();
+        if entry.file_name() != PLANE_SOCKET_NAME {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(&p);
+            } else {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    let socket = dir.join(PLANE_SOCKET_NAME);
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    let svc = PlaneService {
+        rush_id: rush_id.to_string(),
+        handle,
+    };
+    let server = WorkerServer::new(svc)
+        .max_decoding_message_size(MAX_WORKER_MESSAGE)
+        .max_encoding_message_size(16 * MAX_WORKER_MESSAGE);
+    let rid = rush_id.to_string();
+    Ok(tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(server)
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await;
+        if let Err(e) = r {
+            tracing::error!(rush = %rid, error = %e, "worker plane stopped");
+        }
+    }))
+}
+
+/// The `Worker` service of one rush.
+#[derive(Clone)]
+struct PlaneService {
+    rush_id: String,
+    handle: Handle,
+}
+
+impl PlaneService {
+    async fn call<T, R>(
+        &self,
+        req: Request<T>,
+        make: impl FnOnce(T, crate::supervisor::Reply<R>) -> WorkerCmd,
+    ) -> Result<Response<R>, Status> {
+        let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Worker(auth, make(r, tx)))
+            .await
+            .map(Response::new)
+    }
+}
+
+#[tonic::async_trait]
+impl Worker for PlaneService {
+    async fn register(
+        &self,
+        req: Request<v1::RegisterRequest>,
+    ) -> Result<Response<v1::RegisterReply>, Status> {
+        self.call(req, WorkerCmd::Register).await
+    }
+
+    async fn lease(
+        &self,
+        req: Request<v1::LeaseRequest>,
+    ) -> Result<Response<v1::LeaseReply>, Status> {
+        self.call(req, WorkerCmd::Lease).await
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<Streaming<v1::HeartbeatRequest>>,
+    ) -> Result<Response<v1::HeartbeatReply>, Status> {
+        let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
+        let mut stream = req.into_inner();
+        while let Some(msg) = stream.next().await {
+            let msg = msg?;
+            let a = auth.clone();
+            self.handle
+                .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(msg, tx)))
+                .await?;
+        }
+        Ok(Response::new(v1::HeartbeatReply {}))
+    }
+
+    async fn complete(
+        &self,
+        req: Request<v1::CompleteRequest>,
+    ) -> Result<Response<v1::Ack>, Status> {
+        self.call(req, WorkerCmd::Complete).await
+    }
+
+    async fn fail(&self, req: Request<v1::FailRequest>) -> Result<Response<v1::Ack>, Status> {
+        self.call(req, WorkerCmd::Fail).await
+    }
+
+    async fn escalate(
+        &self,
+        req: Request<v1::EscalateRequest>,
+    ) -> Result<Response<v1::Ack>, Status> {
+        self.call(req, WorkerCmd::Escalate).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_hex_and_never_printed() {
+        let a = WorkerToken::generate();
+        let b = WorkerToken::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.expose().len(), 64);
+        assert!(a.expose().chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(!format!("{a:?}").contains(a.expose()));
+        assert_eq!(a.hash(), hash_token(a.expose()));
+        assert_ne!(a.hash(), a.expose());
+    }
+
+    #[test]
+    fn auth_reads_the_bearer_token() {
+        let t = WorkerToken::generate();
+        let mut md = MetadataMap::new();
+        md.insert(
+            zerg_proto::WORKER_TOKEN_METADATA,
+            zerg_proto::bearer(t.expose()).parse().unwrap(),
+        );
+        assert_eq!(
+            WorkerAuth::from_metadata("r", &md),
+            WorkerAuth::for_token("r", &t)
+        );
+        assert_eq!(
+            WorkerAuth::from_metadata("r", &MetadataMap::new()).token_sha256,
+            None
+        );
+        let mut md = MetadataMap::new();
+        md.insert(
+            zerg_proto::WORKER_TOKEN_METADATA,
+            "Basic abc".parse().unwrap(),
+        );
+        assert_eq!(WorkerAuth::from_metadata("r", &md).token_sha256, None);
+    }
+
+    #[test]
+    fn plane_sockets_are_short_and_per_rush() {
+        let ctl = Path::new("/run/user/1000/zerg/zergd.sock");
+        let a = plane_socket(ctl, "feature-x-19ab");
+        let b = plane_socket(ctl, "feature-y-19ab");
+        assert_ne!(a, b);
+        assert!(a.starts_with("/run/user/1000/zerg/w/"));
+        assert_eq!(a.file_name().unwrap(), PLANE_SOCKET_NAME);
+        assert!(a.as_os_str().len() < 60);
+        assert_eq!(a, plane_socket(ctl, "feature-x-19ab"));
+    }
+}
