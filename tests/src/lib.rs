@@ -80,11 +80,40 @@ impl TestRepo {
         TestRepo { _dir: dir, path }
     }
 
-    /// Writes `.gsd/specs/<feature>/task-graph.json` (and commits nothing: the rush snapshots it).
+    /// Writes `.gsd/specs/<feature>/task-graph.json` and a `design.md` beside it, and commits
+    /// the spec directory, as users of the original do (its design step writes the spec and
+    /// people commit it).
     pub fn write_graph(&self, feature: &str, graph: &str) {
         let d = self.path.join(".gsd/specs").join(feature);
         std::fs::create_dir_all(&d).expect("mkdir");
         std::fs::write(d.join("task-graph.json"), graph).expect("write graph");
+        std::fs::write(
+            d.join("design.md"),
+            format!("# {feature}\n\nThe design of {feature}, committed with the graph.\n"),
+        )
+        .expect("write design");
+        self.commit_spec(feature);
+    }
+
+    /// Commits `.gsd/specs/<feature>/` as it is now.
+    pub fn commit_spec(&self, feature: &str) {
+        let rel = format!(".gsd/specs/{feature}");
+        git(&self.path, &["add", "--", &rel]);
+        if !git(&self.path, &["status", "--porcelain", "--", &rel]).is_empty() {
+            git(
+                &self.path,
+                &["commit", "-q", "-m", &format!("spec: {feature}")],
+            );
+        }
+    }
+
+    /// The tree id of `.gsd/specs/<feature>` on a revision: equal ids mean byte-identical
+    /// spec files.
+    pub fn spec_tree(&self, rev: &str, feature: &str) -> String {
+        git(
+            &self.path,
+            &["rev-parse", &format!("{rev}:.gsd/specs/{feature}")],
+        )
     }
 
     /// Writes the fake agent's script into the spec directory (`fake-claude.json`).
@@ -96,6 +125,7 @@ impl TestRepo {
             serde_json::to_vec_pretty(script).expect("json"),
         )
         .expect("write script");
+        self.commit_spec(feature);
     }
 
     /// Writes `.zerg/config.yaml`: the fake agent, fast timeouts, plus `extra` YAML lines.

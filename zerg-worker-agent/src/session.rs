@@ -392,10 +392,12 @@ impl Session {
         self.env.worktree.join(".zerg-task")
     }
 
-    /// Pathspecs that keep the handoff directory and a mounted spec out of commits. Paths that
-    /// git already ignores are left out: naming an ignored path makes `git add` fail.
+    /// Pathspecs that keep the handoff directory out of commits. Paths that git already ignores
+    /// are left out: naming an ignored path makes `git add` fail.
     async fn pathspec_excludes(&self) -> Vec<String> {
-        let paths = vec![".zerg-task".to_string(), self.env.spec_rel()];
+        // The spec is not excluded here (in a container it is ignored, and naming an ignored
+        // path fails `git add`): `restore_spec` puts it back in the index instead.
+        let paths = vec![".zerg-task".to_string()];
         let mut v = Vec::new();
         for p in paths {
             if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
@@ -859,6 +861,7 @@ impl Session {
         add.extend(self.pathspec_excludes().await);
         let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
         let _ = run::git(&wt, &add_ref).await;
+        self.restore_spec(task).await;
         let files = run::git(&wt, &["diff", "--cached", "--name-status"])
             .await
             .unwrap_or_default();

@@ -37,7 +37,7 @@ pub const DEFAULT_TAG: &str = "zerg-worker:latest";
 /// Label holding the offline image's input hash.
 const HASH_LABEL: &str = "zerg.image.hash";
 /// Bump when the rootfs layout or image config changes, to invalidate cached images.
-const FORMAT_VERSION: &str = "zerg-worker-rootfs/1";
+const FORMAT_VERSION: &str = "zerg-worker-rootfs/2";
 /// The unprivileged user's uid and gid.
 const WORKER_UID: u32 = 10001;
 /// The Dockerfile for registry-backed builds.
@@ -263,7 +263,6 @@ fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError
         "etc",
         "usr/local/bin",
         "workspace",
-        "zerg/state",
         "zerg/logs",
         "zerg/run",
     ] {

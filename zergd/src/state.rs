@@ -468,6 +468,35 @@ impl Registry {
     }
 }
 
+/// Writes the compatible `heartbeat-<id>.json` and `progress-<id>.json` of a worker into the
+/// state directory (temp file, fsync, rename). zergd writes them from what workers report over
+/// gRPC, so workers never need write access to the state directory. Failures are logged: the
+/// files are for compatibility, zergd's own state is authoritative.
+pub fn write_worker_files(
+    dir: &Path,
+    worker: u32,
+    heartbeat: &serde_json::Value,
+    progress: &serde_json::Value,
+) {
+    for (name, value) in [
+        (format!("heartbeat-{worker}.json"), heartbeat),
+        (format!("progress-{worker}.json"), progress),
+    ] {
+        let result = (|| -> std::io::Result<()> {
+            fs::create_dir_all(dir)?;
+            let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
+            serde_json::to_writer(&mut tmp, value).map_err(std::io::Error::other)?;
+            tmp.write_all(b"\n")?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(dir.join(&name)).map_err(|e| e.error)?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            tracing::warn!(file = %dir.join(&name).display(), error = %e, "cannot write worker file");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,34 +588,5 @@ mod tests {
         }
         assert_eq!(d.execution_log.len(), EXECUTION_LOG_LIMIT);
         assert_eq!(d.execution_log[0].data["i"], 10);
-    }
-}
-
-/// Writes the compatible `heartbeat-<id>.json` and `progress-<id>.json` of a worker into the
-/// state directory (temp file, fsync, rename). zergd writes them from what workers report over
-/// gRPC, so workers never need write access to the state directory. Failures are logged: the
-/// files are for compatibility, zergd's own state is authoritative.
-pub fn write_worker_files(
-    dir: &Path,
-    worker: u32,
-    heartbeat: &serde_json::Value,
-    progress: &serde_json::Value,
-) {
-    for (name, value) in [
-        (format!("heartbeat-{worker}.json"), heartbeat),
-        (format!("progress-{worker}.json"), progress),
-    ] {
-        let result = (|| -> std::io::Result<()> {
-            fs::create_dir_all(dir)?;
-            let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
-            serde_json::to_writer(&mut tmp, value).map_err(std::io::Error::other)?;
-            tmp.write_all(b"\n")?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(dir.join(&name)).map_err(|e| e.error)?;
-            Ok(())
-        })();
-        if let Err(e) = result {
-            tracing::warn!(file = %dir.join(&name).display(), error = %e, "cannot write worker file");
-        }
     }
 }

@@ -257,6 +257,10 @@ enum Op {
         timeout_ms: u64,
     },
     StreamJson,
+    /// Runs `sh -c <command>` and waits for it (for example a child that ignores SIGTERM).
+    Shell {
+        command: String,
+    },
 }
 
 /// The ops of one task: the same for every attempt, or one list per attempt. Ops are kept as raw
@@ -565,6 +569,16 @@ impl Ctx {
                 let deadline = Instant::now() + Duration::from_millis(*timeout_ms);
                 while !path.exists() && Instant::now() < deadline {
                     sleep(Duration::from_millis(20));
+                }
+            }
+            Op::Shell { command } => {
+                let status = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(command)
+                    .current_dir(&self.cwd)
+                    .status();
+                if let Err(e) = status {
+                    fail(format!("cannot run sh: {e}"));
                 }
             }
             Op::StreamJson => {

@@ -77,6 +77,38 @@ fn container_config(repo: &TestRepo, image: &str) {
     .unwrap();
 }
 
+/// A zergd for container tests. The fake agent CLI counts attempts across containers in a
+/// directory of the test's (mounted into every worker at the same path, as `FAKE_CLAUDE_*`
+/// paths are), and `marks` is a directory the agent can leave marker files in.
+struct Ctx {
+    d: Daemon,
+    marks: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn cdaemon() -> Ctx {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("fake-state");
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let d = Daemon::start_with_env(vec![
+        (
+            "FAKE_CLAUDE_STATE_DIR".into(),
+            state.to_string_lossy().into(),
+        ),
+        (
+            "FAKE_CLAUDE_MARK_DIR".into(),
+            marks.to_string_lossy().into(),
+        ),
+    ]);
+    Ctx {
+        d,
+        marks,
+        _dir: dir,
+    }
+}
+
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")
         .args(args)
@@ -137,7 +169,8 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
             {"op": "print", "text": "checking the spec mount"}
         ]}}),
     );
-    let d = Daemon::start();
+    let ctx = cdaemon();
+    let d = &ctx.d;
     let out = d.ctl_in(
         &repo.path,
         &["rush", "ct", "--workers", "3", "--mode", "container"],
@@ -158,6 +191,11 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
             .as_str()
             .is_some_and(|c| !c.is_empty())
     );
+    // The committed spec is on staging byte for byte as on the base commit.
+    assert_eq!(
+        repo.spec_tree("zerg/ct/staging", "ct"),
+        repo.spec_tree("main", "ct")
+    );
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
     wait_no_containers(&rush_id);
     // The host's git is intact.
@@ -177,7 +215,8 @@ fn a_worker_container_runs_hardened_with_the_spec_read_only() {
     repo.write_graph("hard", &graph_12("hard"));
     container_config(&repo, IMAGE);
     repo.write_script("hard", &json!({"default": [{"op": "tick", "count": 80, "interval_ms": 100}, {"op": "write_owned"}]}));
-    let d = Daemon::start();
+    let ctx = cdaemon();
+    let d = &ctx.d;
     assert!(
         d.ctl_in(
             &repo.path,
@@ -255,16 +294,17 @@ fn docker_kill_of_a_worker_container_mid_task_is_reassigned() {
         return;
     }
     let repo = TestRepo::new();
+    let ctx = cdaemon();
+    let d = &ctx.d;
     repo.write_graph("dk", &graph_12("dk"));
     container_config(&repo, IMAGE);
     repo.write_script(
         "dk",
         &json!({"tasks": {"G-L2-001": {"attempts": [
-            [{"op": "touch", "path": "/zerg/state/dk-mid-task"}, {"op": "tick", "count": 600, "interval_ms": 100}],
+            [{"op": "touch", "path": ctx.marks.join("dk-mid-task")}, {"op": "tick", "count": 600, "interval_ms": 100}],
             [{"op": "write_owned"}]
         ]}}}),
     );
-    let d = Daemon::start();
     assert!(
         d.ctl_in(
             &repo.path,
@@ -286,7 +326,7 @@ fn docker_kill_of_a_worker_container_mid_task_is_reassigned() {
     });
     let id = container_running(&st, "G-L2-001").unwrap();
     // Kill only once the agent CLI is really running inside the container.
-    let mid = repo.path.join(".zerg/state/dk-mid-task");
+    let mid = ctx.marks.join("dk-mid-task");
     let deadline = Instant::now() + T;
     while !mid.exists() {
         assert!(
@@ -323,7 +363,8 @@ fn a_missing_image_is_retried_then_refused_with_its_name_while_status_answers() 
         "container:\n  image: zerg-worker:missing\nworkers:\n  spawn_retry_attempts: 3\n  spawn_backoff_base_seconds: 0.5\n  spawn_backoff_max_seconds: 2\n",
     )
     .unwrap();
-    let d = Daemon::start();
+    let ctx = cdaemon();
+    let d = &ctx.d;
     assert!(
         d.ctl_in(
             &repo.path,
@@ -382,7 +423,8 @@ fn after_kill_9_of_zergd_with_containers_running_none_is_left_behind() {
     repo.write_graph("zc", &graph_12("zc"));
     container_config(&repo, IMAGE);
     repo.write_script("zc", &json!({"default": [{"op": "tick", "count": 8, "interval_ms": 100}, {"op": "write_owned"}]}));
-    let mut d = Daemon::start();
+    let mut ctx = cdaemon();
+    let d = &mut ctx.d;
     assert!(
         d.ctl_in(
             &repo.path,
@@ -419,4 +461,227 @@ fn after_kill_9_of_zergd_with_containers_running_none_is_left_behind() {
         "containers were not re-adopted:\n{log}"
     );
     wait_no_containers(&rush_id);
+}
+
+/// The worker's own worktree on the host.
+fn worktree_of(repo: &TestRepo, feature: &str, worker: &str) -> std::path::PathBuf {
+    repo.path
+        .join(".zerg-worktrees")
+        .join(feature)
+        .join(format!("worker-{worker}"))
+}
+
+/// An environment variable of a container, from `docker inspect`.
+fn container_env(id: &str, key: &str) -> String {
+    let inspect: Value = serde_json::from_str(&docker(&["inspect", id])).expect("inspect JSON");
+    inspect[0]["Config"]["Env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_probe_inside_a_worker_container_reaches_nothing_it_must_not() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("iso", &graph_12("iso"));
+    container_config(&repo, IMAGE);
+    repo.write_script(
+        "iso",
+        &json!({"default": [{"op": "tick", "count": 1200, "interval_ms": 100}, {"op": "write_owned"}]}),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let out = d.ctl_in(
+        &repo.path,
+        &[
+            "rush",
+            "iso",
+            "--workers",
+            "2",
+            "--mode",
+            "container",
+            "--detach",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = d.wait_for(&repo.path, "iso", T, "two workers running tasks", |s| {
+        s["workers"].as_object().is_some_and(|w| {
+            w.values()
+                .filter(|x| x["status"] == "running" && x["step"] == "implementing")
+                .count()
+                == 2
+        })
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    let id_of = |w: &str| {
+        st["workers"][w]["container_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (a, b) = (id_of("0"), id_of("1"));
+    let staging_before = git(&repo.path, &["rev-parse", "zerg/iso/staging"]);
+    let state_path = repo.path.join(".zerg/state/iso.json");
+
+    // The probe is a client binary in the worktree, as an agent could have written one.
+    let probe = worktree_of(&repo, "iso", "0").join("zerg-probe");
+    std::fs::copy(bin("zerg-probe"), &probe).unwrap();
+    let other_token = container_env(&b, "ZERG_WORKER_TOKEN");
+    assert_eq!(other_token.len(), 64, "worker 1 has a token");
+    let out = Command::new("docker")
+        .args(["exec", &a, "/workspace/zerg-probe", "--feature", "iso"])
+        .args(["--other-token", &other_token, "--other-worker", "1"])
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&probe).unwrap();
+    assert!(
+        out.status.success(),
+        "probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("probe JSON");
+    eprintln!("probe report: {report:#}");
+
+    // No socket inside answers a control RPC; the worker plane is there and refuses it.
+    let sockets = report["sockets"].as_array().unwrap();
+    assert!(
+        sockets
+            .iter()
+            .any(|s| s["path"] == "/zerg/run/worker.sock" && s["control"] == "Unimplemented"),
+        "{report:#}"
+    );
+    for s in sockets {
+        assert_ne!(s["control"], "answered", "{s} serves the control plane");
+    }
+    assert_eq!(report["docker_sock"], false);
+    assert_eq!(report["state_dir_inside"], false);
+
+    // Moving staging from inside (git succeeds: in the container's private git dir) has no
+    // effect on the host.
+    assert_eq!(report["staging_update_ref"], "ok", "{report:#}");
+    assert_eq!(
+        git(&repo.path, &["rev-parse", "zerg/iso/staging"]),
+        staging_before
+    );
+    // Writing the state file from inside has no effect on the host.
+    let state = std::fs::read_to_string(&state_path).unwrap();
+    assert!(!state.contains("zerg-probe"), "state file overwritten");
+    let doc: Value = serde_json::from_str(&state).expect("state file is intact JSON");
+    assert_eq!(doc["rush"]["rush_id"], rush_id.as_str());
+
+    // Worker RPCs without a token, with another worker's, or for another worker are refused.
+    assert_eq!(report["rpc_no_token"], "Unauthenticated", "{report:#}");
+    assert_eq!(report["rpc_other_token"], "PermissionDenied", "{report:#}");
+    assert_eq!(report["rpc_other_worker"], "PermissionDenied", "{report:#}");
+
+    // The rush is unharmed: both workers still hold their leases.
+    let st = d.status(&repo.path, "iso").unwrap();
+    assert_eq!(st["state"], "running", "{st}");
+    assert_eq!(tasks_with(&st, "in_progress").len(), 2, "{st}");
+    let _ = d.ctl_in(&repo.path, &["stop", "iso", "--force"]);
+    wait_no_containers(&rush_id);
+}
+
+#[test]
+fn a_failed_container_rush_leaves_no_container_behind() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("cf", &graph_12("cf"));
+    container_config(&repo, IMAGE);
+    let cfg = repo.path.join(".zerg/config.yaml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("workers:\n", "workers:\n  retry_attempts: 0\n"),
+    )
+    .unwrap();
+    repo.write_script(
+        "cf",
+        &json!({"tasks": {"G-L1-003": [{"op": "print", "text": "cannot do it"}, {"op": "exit", "code": 1}]}}),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", "cf", "--workers", "3", "--mode", "container"],
+    );
+    assert!(!out.status.success());
+    let st = d.status(&repo.path, "cf").unwrap();
+    assert_eq!(st["state"], "failed", "{st}");
+    wait_no_containers(st["rush_id"].as_str().unwrap());
+}
+
+#[test]
+fn stop_force_removes_a_container_whose_agent_ignores_sigterm() {
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("st", &graph_12("st"));
+    container_config(&repo, IMAGE);
+    repo.write_script(
+        "st",
+        &json!({"default": [{"op": "shell", "command": "trap '' TERM; while :; do sleep 1; done"}]}),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "st",
+                "--workers",
+                "2",
+                "--mode",
+                "container",
+                "--detach"
+            ]
+        )
+        .status
+        .success()
+    );
+    let st = d.wait_for(&repo.path, "st", T, "two workers in their agent CLI", |s| {
+        s["workers"].as_object().is_some_and(|w| {
+            w.values()
+                .filter(|x| x["status"] == "running" && x["step"] == "implementing")
+                .count()
+                == 2
+        })
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    assert_eq!(containers_of(&rush_id, false).len(), 2);
+    let out = d.ctl_in(&repo.path, &["stop", "st", "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `--force` has no grace period: the engine kills at once. Allow for the engine's own
+    // latency on a loaded machine, nothing more.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !containers_of(&rush_id, true).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "containers still there after stop --force: {:?}",
+            containers_of(&rush_id, true)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(d.status(&repo.path, "st").unwrap()["state"], "stopped");
 }

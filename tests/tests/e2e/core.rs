@@ -11,6 +11,15 @@ const T: Duration = Duration::from_secs(120);
 fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     let repo = TestRepo::new();
     repo.write_graph("feat", &graph_12("feat"));
+    // An agent writes code anywhere it can reach, the spec included.
+    repo.write_script(
+        "feat",
+        &json!({"tasks": {"G-L1-002": [
+            {"op": "write_owned"},
+            {"op": "write", "path": ".gsd/specs/feat/design.md", "content": "vandalised\n"},
+            {"op": "write", "path": ".gsd/specs/feat/extra.md", "content": "new\n"}
+        ]}}),
+    );
     repo.write_config(FAST_WORKERS);
     let head_before = git(&repo.path, &["rev-parse", "HEAD"]);
     let status_before = repo.status_porcelain();
@@ -39,6 +48,12 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     {
         assert!(files.contains(&f), "{f} missing on staging: {files:?}");
     }
+    // The committed spec is on staging exactly as on the base, although one task's agent
+    // vandalised it in its worktree.
+    assert_eq!(
+        repo.spec_tree("zerg/feat/staging", "feat"),
+        repo.spec_tree(&head_before, "feat")
+    );
     // The user's checkout is unchanged.
     assert_eq!(git(&repo.path, &["rev-parse", "HEAD"]), head_before);
     assert_eq!(

@@ -960,8 +960,7 @@ impl Supervisor {
                     r.on_complete(req, now, wall, fx).map(|_| v1::Ack {})
                 }),
                 Err(why) => self.reply_in(rush, reply, |r, fx| {
-                    let me = req.worker.clone().unwrap_or_default();
-                    Err(r.refuse_commit(&me, &req.task_id, &req.lease_id, &why, now, wall, fx))
+                    Err(r.refuse_commit(&req, &why, now, wall, fx))
                 }),
             },
             Pending::Checkpoint(mut req, reply) => {

@@ -1354,15 +1354,15 @@ impl Rush {
     /// backoff, up to the retry limit) and the worker is told its lease is over.
     pub fn refuse_commit(
         &mut self,
-        r: &v1::WorkerRef,
-        task_id: &str,
-        lease_id: &str,
+        req: &v1::CompleteRequest,
         why: &str,
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
     ) -> Status {
-        if let Err(e) = self.check_lease(r, task_id, lease_id) {
+        let r = req.worker.clone().unwrap_or_default();
+        let task_id = req.task_id.as_str();
+        if let Err(e) = self.check_lease(&r, task_id, &req.lease_id) {
             return e;
         }
         let w = r.worker_id;
