@@ -377,6 +377,17 @@ impl Supervisor {
         }
     }
 
+    /// Stops serving a forgotten rush's worker plane and removes its socket directory.
+    fn close_plane(&mut self, rush_id: &str) {
+        if let Some(h) = self.planes.remove(rush_id) {
+            h.abort();
+        }
+        let _ = std::fs::remove_dir_all(crate::worker_plane::plane_dir(
+            &self.settings.socket,
+            rush_id,
+        ));
+    }
+
     fn run_effects(&mut self, rush_id: &str, fx: Effects) {
         for r in fx.replies {
             r();
@@ -762,6 +773,7 @@ impl Supervisor {
                 }
                 _ => {
                     self.rushes.remove(&id);
+                    self.close_plane(&id);
                 }
             }
         }
