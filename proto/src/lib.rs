@@ -9,7 +9,10 @@
 //!   graphs) and `zergctl validate` (which checks them offline) need it, and neither binary
 //!   may depend on the other.
 //! - [`transport`] connects a client to a socket path and finds the default socket.
+//! - [`contract`] is what zergd, its workers and the worker image agree on: the worker
+//!   environment, exit codes, the worker token and lease revocations, the image layout.
 
+pub mod contract;
 pub mod graph;
 pub mod transport;
 
@@ -28,15 +31,3 @@ pub mod v1 {
 
 /// Environment variable that overrides the control socket path for every binary.
 pub const ENV_SOCKET: &str = "ZERG_SOCKET";
-
-/// Environment variable that carries a worker's token (set by zergd's launchers, read by
-/// `zerg-worker-agent`, never passed on to the agent CLI).
-pub const ENV_WORKER_TOKEN: &str = "ZERG_WORKER_TOKEN";
-
-/// gRPC metadata key of the worker token on every `Worker` RPC: `authorization: Bearer <hex>`.
-pub const WORKER_TOKEN_METADATA: &str = "authorization";
-
-/// The metadata value for a worker token.
-pub fn bearer(token: &str) -> String {
-    format!("Bearer {token}")
-}

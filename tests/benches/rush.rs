@@ -1,5 +1,5 @@
 //! End-to-end benchmark: a 12-task, 3-level rush with 3 subprocess workers and a stand-in agent
-//! that writes its files and sleeps 1 s (the setup of REFERENCE §14), measuring wall time,
+//! that writes its files and sleeps 1 s (the setup the original was measured with), measuring wall time,
 //! memory, CLI latency, crash-reassignment latency and heartbeat overhead.
 //!
 //! Needs release binaries: `cargo build --release --workspace --bins && cargo bench -p zerg-tests`.

@@ -8,7 +8,7 @@
 //! them: the worker needs no write access to zergd's state. Every RPC carries the worker's token
 //! (`ZERG_WORKER_TOKEN`), which is never passed on to the agent CLI or verification commands.
 //!
-//! Exit codes (REFERENCE §5.4): 0 no work left, 1 error, 2 checkpoint, 3 blocked (the agent CLI
+//! Exit codes (those of the original ZERG): 0 no work left, 1 error, 2 checkpoint, 3 blocked (the agent CLI
 //! cannot run), 4 escalation.
 
 mod prompt;
@@ -19,18 +19,19 @@ use std::process::ExitCode;
 
 use session::{Env, Session};
 
-/// Worker exit codes.
+/// Worker exit codes, from the shared contract.
 pub mod exit {
+    use zerg_proto::contract::WorkerExit;
     /// No work left.
-    pub const SUCCESS: u8 = 0;
+    pub const SUCCESS: u8 = WorkerExit::Success.code();
     /// Unrecoverable error.
-    pub const ERROR: u8 = 1;
+    pub const ERROR: u8 = WorkerExit::Error.code();
     /// Checkpointed; the task resumes elsewhere.
-    pub const CHECKPOINT: u8 = 2;
+    pub const CHECKPOINT: u8 = WorkerExit::Checkpoint.code();
     /// Cannot run tasks at all (agent CLI missing).
-    pub const BLOCKED: u8 = 3;
+    pub const BLOCKED: u8 = WorkerExit::Blocked.code();
     /// Escalated to a human.
-    pub const ESCALATION: u8 = 4;
+    pub const ESCALATION: u8 = WorkerExit::Escalation.code();
 }
 
 fn main() -> ExitCode {

@@ -1,4 +1,4 @@
-//! The prompt given to the agent CLI (the original's layout, REFERENCE §5.3, plus the handoff
+//! The prompt given to the agent CLI (the original's layout, plus the handoff
 //! instructions for escalations and checkpoints).
 
 use zerg_proto::v1;

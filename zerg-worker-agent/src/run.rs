@@ -76,7 +76,7 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         .current_dir(spec.cwd)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         // The worker's token is the agent's alone: code the CLI writes never sees it.
-        .env_remove(zerg_proto::ENV_WORKER_TOKEN)
+        .env_remove(zerg_proto::contract::env::WORKER_TOKEN)
         // A closed stdin: an open one makes headless CLIs wait for input.
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -18,6 +18,7 @@ use zerg_proto::v1::worker_client::WorkerClient;
 use crate::exit;
 use crate::prompt::{self, CHECKPOINT_FILE, ESCALATION_FILE};
 use crate::run::{self, Outcome, Spec, now_ms};
+use zerg_proto::contract::{Revocation, env};
 
 /// The worker's environment, set by zergd's launcher.
 #[derive(Debug, Clone)]
@@ -47,7 +48,7 @@ impl Interceptor for Token {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         if let Some(v) = &self.0 {
             req.metadata_mut()
-                .insert(zerg_proto::WORKER_TOKEN_METADATA, v.clone());
+                .insert(zerg_proto::contract::TOKEN_METADATA, v.clone());
         }
         Ok(req)
     }
@@ -70,18 +71,18 @@ impl Env {
                 .map_err(|_| format!("environment variable {k} is not a number"))
         };
         Ok(Env {
-            socket: PathBuf::from(var("ZERG_SOCKET")?),
-            rush_id: var("ZERG_RUSH_ID")?,
-            worker_id: num("ZERG_WORKER_ID")? as u32,
-            generation: num("ZERG_GENERATION")?,
-            worktree: PathBuf::from(var("ZERG_WORKTREE")?),
-            feature: var("ZERG_FEATURE")?,
-            log_dir: PathBuf::from(var("ZERG_LOG_DIR")?),
+            socket: PathBuf::from(var(env::SOCKET)?),
+            rush_id: var(env::RUSH_ID)?,
+            worker_id: num(env::WORKER_ID)? as u32,
+            generation: num(env::GENERATION)?,
+            worktree: PathBuf::from(var(env::WORKTREE)?),
+            feature: var(env::FEATURE)?,
+            log_dir: PathBuf::from(var(env::LOG_DIR)?),
             // Without it every call is refused, with a message saying so.
             token: Token(
-                std::env::var(zerg_proto::ENV_WORKER_TOKEN)
+                std::env::var(env::WORKER_TOKEN)
                     .ok()
-                    .and_then(|t| zerg_proto::bearer(&t).parse().ok()),
+                    .and_then(|t| zerg_proto::contract::bearer(&t).parse().ok()),
             ),
             reconnect_timeout: Duration::from_secs(
                 std::env::var("ZERG_RECONNECT_TIMEOUT_SECONDS")
@@ -176,7 +177,7 @@ pub struct Session {
     client: Client,
     cfg: v1::RegisterReply,
     hb_tx: mpsc::Sender<v1::HeartbeatRequest>,
-    abort_rx: watch::Receiver<String>,
+    abort_rx: watch::Receiver<Option<Revocation>>,
     last_output: Arc<AtomicI64>,
     current: Option<(String, String)>,
     step: &'static str,
@@ -204,7 +205,7 @@ impl Session {
             .map_err(|s| format!("zergd refused registration: {}", s.message()))?
             .into_inner();
         let (hb_tx, hb_rx) = mpsc::channel(16);
-        let (abort_tx, abort_rx) = watch::channel(String::new());
+        let (abort_tx, abort_rx) = watch::channel(None);
         tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx));
         // Commits need an identity; use the user's git config when it has one.
         let identity = match run::git(&env.worktree, &["config", "user.email"]).await {
@@ -377,10 +378,17 @@ impl Session {
                 _ = tick.tick() => self.beat(),
                 changed = self.abort_rx.changed() => {
                     if changed.is_ok() {
-                        let msg = self.abort_rx.borrow().clone();
-                        if msg.contains(&lease) || msg.contains("superseded") {
-                            eprintln!("zerg-worker-agent: zergd revoked the lease: {msg}");
-                            return None;
+                        let revoked = self.abort_rx.borrow().clone();
+                        match revoked {
+                            Some(Revocation::Lease(l)) if l == lease => {
+                                eprintln!("zerg-worker-agent: zergd revoked lease {lease}");
+                                return None;
+                            }
+                            Some(Revocation::Superseded) => {
+                                eprintln!("zerg-worker-agent: a newer worker generation replaced this one");
+                                return None;
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -509,9 +517,9 @@ impl Session {
         let task_dir = self.task_dir();
         let artifacts = self.env.log_dir.join("tasks").join(&task.id);
         let mut env = vec![
-            ("ZERG_TASK_ID".to_string(), task.id.clone()),
+            (env::TASK_ID.to_string(), task.id.clone()),
             (
-                "ZERG_TASK_DIR".to_string(),
+                env::TASK_DIR.to_string(),
                 task_dir.to_string_lossy().to_string(),
             ),
         ];
@@ -736,8 +744,7 @@ impl Session {
             )
             .await;
         }
-        let msg = self.abort_rx.borrow().clone();
-        if msg.contains("superseded") {
+        if *self.abort_rx.borrow() == Some(Revocation::Superseded) {
             return TaskEnd::Exit(exit::ERROR);
         }
         TaskEnd::Next
@@ -947,7 +954,7 @@ fn last_line(tail: &str) -> String {
 async fn heartbeat_loop(
     env: Env,
     mut rx: mpsc::Receiver<v1::HeartbeatRequest>,
-    abort: watch::Sender<String>,
+    abort: watch::Sender<Option<Revocation>>,
 ) {
     let mut pending: Option<v1::HeartbeatRequest> = None;
     loop {
@@ -966,8 +973,8 @@ async fn heartbeat_loop(
             tokio::select! {
                 res = &mut call => {
                     if let Err(s) = res
-                        && (s.code() == Code::FailedPrecondition || s.code() == Code::NotFound) {
-                            let _ = abort.send(s.message().to_string());
+                        && let Some(r) = Revocation::of_status(&s) {
+                            let _ = abort.send(Some(r));
                         }
                     break;
                 }

@@ -33,13 +33,13 @@ use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuil
 use tokio_stream::StreamExt;
 
 /// The tag built when none is given; also the default `container.image` of a rush.
-pub const DEFAULT_TAG: &str = "zerg-worker:latest";
+pub const DEFAULT_TAG: &str = zerg_proto::contract::image::DEFAULT_TAG;
 /// Label holding the offline image's input hash.
 const HASH_LABEL: &str = "zerg.image.hash";
 /// Bump when the rootfs layout or image config changes, to invalidate cached images.
 const FORMAT_VERSION: &str = "zerg-worker-rootfs/2";
 /// The unprivileged user's uid and gid.
-const WORKER_UID: u32 = 10001;
+const WORKER_UID: u32 = zerg_proto::contract::image::WORKER_UID;
 /// The Dockerfile for registry-backed builds.
 const DOCKERFILE: &str = include_str!("../../docker/Dockerfile");
 /// Where binaries are looked up on the host (never the caller's `PATH`, which may hold shims).
@@ -250,7 +250,7 @@ fn image_changes(hash: &str) -> Vec<String> {
         "ENV HOME=/home/worker".into(),
         format!("USER {WORKER_UID}:{WORKER_UID}"),
         "WORKDIR /workspace".into(),
-        r#"CMD ["/usr/local/bin/zerg-worker-agent"]"#.into(),
+        format!(r#"CMD ["{}"]"#, zerg_proto::contract::image::AGENT_PATH),
         format!("LABEL {HASH_LABEL}={hash} zerg.image.kind=offline"),
     ]
 }
@@ -324,7 +324,10 @@ fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError
             fs_.host_path(Path::new(certs))?;
         }
     }
-    fs_.binary_as("usr/local/bin/zerg-worker-agent", agent)?;
+    fs_.binary_as(
+        zerg_proto::contract::image::AGENT_PATH.trim_start_matches('/'),
+        agent,
+    )?;
     for extra in extras {
         let name = extra
             .file_name()

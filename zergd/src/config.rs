@@ -1,7 +1,7 @@
 //! `.zerg/config.yaml`: the per-repository settings a rush runs with.
 //!
-//! Keys and defaults follow the original ZERG (REFERENCE §8) plus the resilience keys of the
-//! seed. Sections that the original knows but this engine does not use (`plugins`, `mcp_servers`,
+//! Keys and defaults follow the original ZERG plus the resilience keys of the
+//! requirements. Sections that the original knows but this engine does not use (`plugins`, `mcp_servers`,
 //! `git`, …) are accepted silently; any other unknown key produces a warning; a value of the wrong
 //! type is an error that names the key path.
 

@@ -64,6 +64,10 @@ pub enum DaemonError {
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Server(#[from] tonic::transport::Error),
+    /// The supervisor actor panicked: zergd must exit non-zero so that its service manager
+    /// restarts it (a restarted zergd resumes every rush from its state file).
+    #[error("the supervisor panicked: {0}")]
+    ActorPanicked(String),
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -138,17 +142,18 @@ pub async fn run(
     };
     let sup = Supervisor::new(settings, Arc::new(SystemClock));
     let services = server::Services::new(sup.handle());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Result<(), DaemonError>>();
     let sup_task = tokio::spawn(async move {
-        sup.run().await;
-        let _ = stop_tx.send(());
+        let _ = stop_tx.send(watch_actor(sup.run()).await);
     });
     tracing::info!(socket = %opts.socket.display(), agent = %opts.agent_bin.display(), "zergd listening");
+    let (outcome_tx, outcome_rx) = tokio::sync::oneshot::channel();
     let stop = async move {
-        tokio::select! {
-            _ = shutdown => {},
-            _ = stop_rx => {},
-        }
+        let outcome = tokio::select! {
+            _ = shutdown => Ok(()),
+            r = stop_rx => r.unwrap_or(Ok(())),
+        };
+        let _ = outcome_tx.send(outcome);
     };
     let result = tonic::transport::Server::builder()
         .add_service(ControlServer::new(services))
@@ -157,7 +162,28 @@ pub async fn run(
     sup_task.abort();
     let _ = std::fs::remove_file(&opts.socket);
     result?;
-    Ok(())
+    outcome_rx.await.unwrap_or(Ok(()))
+}
+
+/// Runs the supervisor actor and turns a panic inside it into an error, so that the daemon
+/// exits non-zero instead of quietly shutting down with status 0.
+pub async fn watch_actor(
+    actor: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    match tokio::spawn(actor).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_panic() => {
+            let p = e.into_panic();
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(panic = %msg, "the supervisor panicked; exiting so the service manager restarts zergd");
+            Err(DaemonError::ActorPanicked(msg))
+        }
+        Err(_) => Ok(()),
+    }
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
@@ -168,5 +194,20 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down (workers keep running and are re-adopted on restart)"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_actor_panic_is_an_error_and_a_clean_stop_is_not() {
+        let r = watch_actor(async { panic!("boom") }).await;
+        assert!(
+            matches!(&r, Err(DaemonError::ActorPanicked(m)) if m == "boom"),
+            "{r:?}"
+        );
+        assert!(watch_actor(async {}).await.is_ok());
     }
 }

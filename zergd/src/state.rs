@@ -1,6 +1,6 @@
 //! Persisted rush state: `.zerg/state/<feature>.json`.
 //!
-//! The document keeps the original ZERG's shape (REFERENCE §3.2: `feature`, `current_level`,
+//! The document keeps the original ZERG's shape (`feature`, `current_level`,
 //! `tasks`, `workers`, `levels`, `execution_log`, `paused`, `error`, string keys for worker ids
 //! and levels) and adds `format_version`, each task's `level`, and a `rush` section with what
 //! zergd needs to resume after a restart.

@@ -9,7 +9,7 @@
 //!
 //! Every spawn gets a fresh random 256-bit [`WorkerToken`], bound to the rush, the worker slot and
 //! the spawn generation. It reaches the worker through its environment
-//! ([`zerg_proto::ENV_WORKER_TOKEN`]) and must come back on every RPC as
+//! ([`zerg_proto::contract::env::WORKER_TOKEN`]) and must come back on every RPC as
 //! `authorization: Bearer <token>`. zergd keeps only its SHA-256 in the state file, so workers
 //! can still be re-adopted after a restart; the token itself is never logged nor persisted. The
 //! protocol does not depend on the transport: the same token check works for a worker that
@@ -99,7 +99,7 @@ impl WorkerAuth {
     /// Reads `authorization: Bearer <token>` from a call's metadata.
     pub fn from_metadata(rush_id: &str, md: &MetadataMap) -> Self {
         let token = md
-            .get(zerg_proto::WORKER_TOKEN_METADATA)
+            .get(zerg_proto::contract::TOKEN_METADATA)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
@@ -275,8 +275,8 @@ mod tests {
         let t = WorkerToken::generate();
         let mut md = MetadataMap::new();
         md.insert(
-            zerg_proto::WORKER_TOKEN_METADATA,
-            zerg_proto::bearer(t.expose()).parse().unwrap(),
+            zerg_proto::contract::TOKEN_METADATA,
+            zerg_proto::contract::bearer(t.expose()).parse().unwrap(),
         );
         assert_eq!(
             WorkerAuth::from_metadata("r", &md),
@@ -288,7 +288,7 @@ mod tests {
         );
         let mut md = MetadataMap::new();
         md.insert(
-            zerg_proto::WORKER_TOKEN_METADATA,
+            zerg_proto::contract::TOKEN_METADATA,
             "Basic abc".parse().unwrap(),
         );
         assert_eq!(WorkerAuth::from_metadata("r", &md).token_sha256, None);

@@ -107,12 +107,12 @@ async fn lease_as(socket: &Path, token: &str, worker: v1::WorkerRef) -> String {
         Err(e) => return format!("no connection: {e}"),
     };
     let header: Option<MetadataValue<Ascii>> = (!token.is_empty())
-        .then(|| zerg_proto::bearer(token).parse().ok())
+        .then(|| zerg_proto::contract::bearer(token).parse().ok())
         .flatten();
     let mut client = WorkerClient::with_interceptor(ch, move |mut req: tonic::Request<()>| {
         if let Some(h) = &header {
             req.metadata_mut()
-                .insert(zerg_proto::WORKER_TOKEN_METADATA, h.clone());
+                .insert(zerg_proto::contract::TOKEN_METADATA, h.clone());
         }
         Ok(req)
     });
@@ -199,7 +199,7 @@ async fn main() {
         worker_id: args.other_worker,
         ..me.clone()
     };
-    let own_token = env(zerg_proto::ENV_WORKER_TOKEN);
+    let own_token = env(zerg_proto::contract::env::WORKER_TOKEN);
     let no_token = lease_as(&socket, "", me.clone()).await;
     let other_token = lease_as(&socket, &args.other_token, me.clone()).await;
     let other_worker = lease_as(&socket, &own_token, other).await;

@@ -47,12 +47,14 @@ use tokio_stream::StreamExt;
 use super::subprocess::proc_start_time;
 use super::{BoxFuture, Discovered, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
 
+use zerg_proto::contract::{env as worker_env_names, image};
+
 /// The image used when the rush config names none.
-pub const DEFAULT_IMAGE: &str = "zerg-worker:latest";
+pub const DEFAULT_IMAGE: &str = image::DEFAULT_TAG;
 /// The uid (and gid) the agent runs as when zergd runs as root.
-pub const UNPRIVILEGED_UID: u32 = 10001;
+pub const UNPRIVILEGED_UID: u32 = image::WORKER_UID;
 /// The agent binary inside the image.
-pub const AGENT_IN_IMAGE: &str = "/usr/local/bin/zerg-worker-agent";
+pub const AGENT_IN_IMAGE: &str = image::AGENT_PATH;
 
 /// Label: the rush id.
 pub const LABEL_RUSH: &str = "zerg.rush";
@@ -66,10 +68,10 @@ pub const LABEL_GENERATION: &str = "zerg.generation";
 /// zergd restart.
 pub const LABEL_GIT_DIR: &str = "zerg.git-dir";
 
-const WORKSPACE: &str = "/workspace";
-const LOG_MOUNT: &str = "/zerg/logs";
-const RUN_MOUNT: &str = "/zerg/run";
-const HOME_IN_IMAGE: &str = "/home/worker";
+const WORKSPACE: &str = image::WORKSPACE;
+const LOG_MOUNT: &str = image::LOG_MOUNT;
+const RUN_MOUNT: &str = image::RUN_MOUNT;
+const HOME_IN_IMAGE: &str = image::HOME;
 /// Where the repository's real object store is visible (read-only) inside.
 const SHARED_OBJECTS: &str = "/zerg/shared-objects";
 /// Per-worker git areas (`<common>/zerg/worker-<N>`) live here, inside the common git dir.
@@ -846,14 +848,17 @@ fn socket_in_container() -> String {
 /// settings and credentials. `ZERG_STATE_DIR` is not set: nothing of `.zerg/state` is inside.
 pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
     let inside: HashMap<&str, String> = HashMap::from([
-        ("ZERG_WORKTREE", WORKSPACE.to_string()),
-        ("ZERG_SPEC_DIR", spec_dir_in_container(&spec.feature)),
-        ("ZERG_LOG_DIR", LOG_MOUNT.to_string()),
-        ("ZERG_SOCKET", socket_in_container()),
+        (worker_env_names::WORKTREE, WORKSPACE.to_string()),
+        (
+            worker_env_names::SPEC_DIR,
+            spec_dir_in_container(&spec.feature),
+        ),
+        (worker_env_names::LOG_DIR, LOG_MOUNT.to_string()),
+        (worker_env_names::SOCKET, socket_in_container()),
     ]);
     let mut env: Vec<(String, String)> = super::subprocess::worker_env(spec)
         .into_iter()
-        .filter(|(k, _)| k != "ZERG_STATE_DIR")
+        .filter(|(k, _)| k != worker_env_names::STATE_DIR)
         .map(|(k, v)| match inside.get(k.as_str()) {
             Some(p) => (k, p.clone()),
             None => (k, v),

@@ -113,16 +113,13 @@ impl ExitInfo {
     }
 }
 
-/// Meaning of a worker exit code (REFERENCE §5.4).
+/// Meaning of a worker exit code: the worker's own codes, `interrupted` (130) and `crash`
+/// for anything else.
 pub fn exit_meaning(code: i32) -> &'static str {
-    match code {
-        0 => "success",
-        1 => "error",
-        2 => "checkpoint",
-        3 => "blocked",
-        4 => "escalation",
-        130 => "interrupted",
-        _ => "crash",
+    match zerg_proto::contract::WorkerExit::from_code(code) {
+        Some(e) => e.meaning(),
+        None if code == 130 => "interrupted",
+        None => "crash",
     }
 }
 

@@ -21,24 +21,25 @@ pub struct SubprocessLauncher;
 /// The environment every subprocess worker gets (the `ZERG_*` variables of the original, plus
 /// the worker's token), with host paths.
 pub fn worker_env(spec: &WorkerSpec) -> Vec<(String, String)> {
+    use zerg_proto::contract::env;
     let p = |x: &std::path::Path| x.to_string_lossy().to_string();
-    vec![
-        ("ZERG_WORKER_ID".into(), spec.worker_id.to_string()),
-        ("ZERG_FEATURE".into(), spec.feature.clone()),
-        ("ZERG_WORKTREE".into(), p(&spec.worktree)),
-        ("ZERG_BRANCH".into(), spec.branch.clone()),
-        ("ZERG_SPEC_DIR".into(), p(&spec.spec_dir)),
-        ("ZERG_STATE_DIR".into(), p(&spec.state_dir)),
-        ("ZERG_REPO_PATH".into(), p(&spec.repo)),
-        ("ZERG_LOG_DIR".into(), p(&spec.log_dir)),
-        ("ZERG_SOCKET".into(), p(&spec.socket)),
-        ("ZERG_RUSH_ID".into(), spec.rush_id.clone()),
-        ("ZERG_GENERATION".into(), spec.generation.to_string()),
-        (
-            zerg_proto::ENV_WORKER_TOKEN.into(),
-            spec.token.expose().to_string(),
-        ),
+    [
+        (env::WORKER_ID, spec.worker_id.to_string()),
+        (env::FEATURE, spec.feature.clone()),
+        (env::WORKTREE, p(&spec.worktree)),
+        (env::BRANCH, spec.branch.clone()),
+        (env::SPEC_DIR, p(&spec.spec_dir)),
+        (env::STATE_DIR, p(&spec.state_dir)),
+        (env::REPO_PATH, p(&spec.repo)),
+        (env::LOG_DIR, p(&spec.log_dir)),
+        (env::SOCKET, p(&spec.socket)),
+        (env::RUSH_ID, spec.rush_id.clone()),
+        (env::GENERATION, spec.generation.to_string()),
+        (env::WORKER_TOKEN, spec.token.expose().to_string()),
     ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 impl Launcher for SubprocessLauncher {

@@ -662,11 +662,16 @@ impl Supervisor {
             },
             ControlCmd::Stop(req, reply) => match self.find(&req.repo, &req.feature) {
                 Ok(id) => {
-                    let mut n = 0;
-                    self.with_rush(&id, |r, fx| n = r.stop(req.force, now, wall, fx));
-                    let _ = reply.send(Ok(v1::StopReply {
-                        workers_signalled: n,
-                    }));
+                    // Replies only once the stopped state is on disk.
+                    self.with_rush(&id, |r, fx| {
+                        let n = r.stop(req.force, now, wall, fx);
+                        fx.reply(
+                            reply,
+                            Ok(v1::StopReply {
+                                workers_signalled: n,
+                            }),
+                        );
+                    });
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -674,11 +679,10 @@ impl Supervisor {
             },
             ControlCmd::Retry(req, reply) => match self.find(&req.repo, &req.feature) {
                 Ok(id) => {
-                    let mut res = Ok(vec![]);
                     self.with_rush(&id, |r, fx| {
-                        res = r.retry(&req.task_ids, req.reset, now, wall, fx)
+                        let res = r.retry(&req.task_ids, req.reset, now, wall, fx);
+                        fx.reply(reply, res.map(|requeued| v1::RetryReply { requeued }));
                     });
-                    let _ = reply.send(res.map(|requeued| v1::RetryReply { requeued }));
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -751,24 +755,23 @@ impl Supervisor {
                         return;
                     }
                     self.ensure_plane(&id);
-                    let mut res = Ok(vec![]);
+                    let rid = id.clone();
                     self.with_rush(&id, |r, fx| {
                         if mode_given {
                             r.doc.rush.mode = mode.clone();
                         }
-                        res = r.retry(&[], false, now, wall, fx);
+                        let res = r.retry(&[], false, now, wall, fx);
+                        let mode = r.doc.rush.mode.clone();
+                        fx.reply(
+                            reply,
+                            res.map(|_| v1::RushReply {
+                                rush_id: rid,
+                                warnings: vec![],
+                                resumed: true,
+                                mode,
+                            }),
+                        );
                     });
-                    let mode = self
-                        .rushes
-                        .get(&id)
-                        .map(|r| r.doc.rush.mode.clone())
-                        .unwrap_or_default();
-                    let _ = reply.send(res.map(|_| v1::RushReply {
-                        rush_id: id,
-                        warnings: vec![],
-                        resumed: true,
-                        mode,
-                    }));
                     return;
                 }
                 _ => {

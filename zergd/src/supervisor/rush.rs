@@ -24,6 +24,7 @@ use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::{Level, Monitor, Source};
 use crate::state::StateDoc;
 use crate::worker_plane::{WorkerAuth, WorkerToken};
+use zerg_proto::contract::{Revocation, WorkerExit};
 
 /// Reply channel for a lease request.
 pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, Status>>;
@@ -683,10 +684,11 @@ impl Rush {
             ws.current_task = None;
         }
         let code = info.code();
+        let exit = code.and_then(WorkerExit::from_code);
 
         // The task the worker held goes back to the queue (FR-5).
         if let Some(t) = task.filter(|t| self.task_status(t) == "in_progress") {
-            if code == Some(2) {
+            if exit == Some(WorkerExit::Checkpoint) {
                 self.requeue(&t, "checkpoint", wall);
             } else if !expected {
                 self.crash_task(&t, w, &format!("worker exited: {desc}"), wall);
@@ -696,7 +698,12 @@ impl Rush {
         }
 
         if self.is_terminal() {
-            self.set_worker_status(w, if code == Some(0) { "done" } else { "exited" }, None);
+            let status = if exit == Some(WorkerExit::Success) {
+                "done"
+            } else {
+                "exited"
+            };
+            self.set_worker_status(w, status, None);
             self.event(
                 wall,
                 Source::Worker(w),
@@ -708,8 +715,8 @@ impl Rush {
             return;
         }
 
-        let (level, kind, msg) = match (code, registered) {
-            (Some(0), _) => (
+        let (level, kind, msg) = match (exit, registered) {
+            (Some(WorkerExit::Success), _) => (
                 Level::Info,
                 "worker_exit",
                 format!(
@@ -721,17 +728,17 @@ impl Rush {
                     }
                 ),
             ),
-            (Some(2), _) => (
+            (Some(WorkerExit::Checkpoint), _) => (
                 Level::Info,
                 "worker_exit",
                 format!("Worker {w} exited: {desc}; task requeued to resume from its checkpoint"),
             ),
-            (Some(3), _) => (
+            (Some(WorkerExit::Blocked), _) => (
                 Level::Error,
                 "worker_exit",
                 format!("Worker {w} exited: {desc}"),
             ),
-            (Some(4), _) => (
+            (Some(WorkerExit::Escalation), _) => (
                 Level::Warn,
                 "worker_exit",
                 format!("Worker {w} exited: {desc}; see escalations in status"),
@@ -761,16 +768,18 @@ impl Rush {
             json!({"worker_id": w, "exit": desc, "code": code}),
         );
 
-        match code {
-            Some(0) if !self.has_open_work() => {
+        // Checkpoints and escalations end a worker on purpose: not crashes.
+        let deliberate = matches!(exit, Some(WorkerExit::Checkpoint | WorkerExit::Escalation));
+        match exit {
+            Some(WorkerExit::Success) if !self.has_open_work() => {
                 self.set_worker_status(w, "done", Some("no work left".into()));
             }
-            Some(0) => {
+            Some(WorkerExit::Success) => {
                 // An agent that exits 0 while work remains (for example a late `Done` from an
                 // earlier run) is replaced, without counting it as a crash.
                 self.respawn(w, false, &desc, now, wall, fx);
             }
-            Some(3) => {
+            Some(WorkerExit::Blocked) => {
                 let reason = self
                     .doc
                     .workers
@@ -780,7 +789,7 @@ impl Rush {
                 self.set_worker_status(w, "blocked", Some(reason));
                 self.check_workers_exhausted(now, wall, fx);
             }
-            _ if !registered && !expected && code != Some(2) && code != Some(4) => {
+            _ if !registered && !expected && !deliberate => {
                 // Died before registering: that is a failed spawn (FR-1).
                 self.spawn_failed(
                     w,
@@ -795,7 +804,7 @@ impl Rush {
             _ => {
                 // Checkpoints, escalations and supervisor-initiated stops are not crashes and do
                 // not count against the respawn cap.
-                let counted = !expected && !matches!(code, Some(2) | Some(4));
+                let counted = !expected && !deliberate;
                 self.respawn(w, counted, &desc, now, wall, fx);
             }
         }
@@ -942,10 +951,12 @@ impl Rush {
     fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), Status> {
         match self.doc.workers.get(&r.worker_id.to_string()) {
             Some(ws) if ws.generation == r.generation => Ok(()),
-            Some(ws) => Err(Status::failed_precondition(format!(
-                "worker {} generation {} was superseded by generation {}",
-                r.worker_id, r.generation, ws.generation
-            ))),
+            Some(ws) => Err(
+                Revocation::Superseded.mark(Status::failed_precondition(format!(
+                    "worker {} generation {} was superseded by generation {}",
+                    r.worker_id, r.generation, ws.generation
+                ))),
+            ),
             None => Err(Status::not_found(format!("no worker slot {}", r.worker_id))),
         }
     }
@@ -1246,20 +1257,22 @@ impl Rush {
     /// Checks that a report comes from the task's current lease (the fencing token).
     fn check_lease(&self, r: &v1::WorkerRef, task_id: &str, lease_id: &str) -> Result<(), Status> {
         self.check_generation(r)?;
-        let ts = self
-            .doc
-            .tasks
-            .get(task_id)
-            .ok_or_else(|| Status::not_found(format!("no task {task_id}")))?;
+        let revoked = Revocation::Lease(lease_id.to_string());
+        let ts = self.doc.tasks.get(task_id).ok_or_else(|| {
+            revoked.mark(Status::not_found(format!(
+                "no task {:?}",
+                task_id.chars().take(80).collect::<String>()
+            )))
+        })?;
         if ts.lease_id.as_deref() != Some(lease_id)
             || ts.status != "in_progress"
             || ts.worker_id != Some(r.worker_id)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(revoked.mark(Status::failed_precondition(format!(
                 "lease {lease_id} for task {task_id} is no longer valid (current: {}, status {})",
                 ts.lease_id.as_deref().unwrap_or("none"),
                 ts.status
-            )));
+            ))));
         }
         Ok(())
     }

@@ -1,0 +1,197 @@
+//! The contract between zergd, its workers and the worker image, in one place: the environment
+//! a worker is started with, its exit codes, how it proves who it is, how zergd tells it that
+//! its lease is gone, and what the `zerg-worker` image must provide.
+//!
+//! zergd's launchers, `zerg-worker-agent` and `zergctl image build` all use these definitions,
+//! so none of them can drift from the others.
+
+/// The environment variables zergd starts every worker with (the original ZERG's names, plus
+/// the token).
+pub mod env {
+    /// Worker slot number, from 0.
+    pub const WORKER_ID: &str = "ZERG_WORKER_ID";
+    /// Feature name.
+    pub const FEATURE: &str = "ZERG_FEATURE";
+    /// The worker's worktree (its working directory).
+    pub const WORKTREE: &str = "ZERG_WORKTREE";
+    /// The worker's branch.
+    pub const BRANCH: &str = "ZERG_BRANCH";
+    /// The rush's spec snapshot.
+    pub const SPEC_DIR: &str = "ZERG_SPEC_DIR";
+    /// `.zerg/state` (subprocess mode only).
+    pub const STATE_DIR: &str = "ZERG_STATE_DIR";
+    /// The repository root (host path).
+    pub const REPO_PATH: &str = "ZERG_REPO_PATH";
+    /// Where the worker keeps task output.
+    pub const LOG_DIR: &str = "ZERG_LOG_DIR";
+    /// The rush's worker-plane socket.
+    pub const SOCKET: &str = "ZERG_SOCKET";
+    /// The rush id.
+    pub const RUSH_ID: &str = "ZERG_RUSH_ID";
+    /// The slot's spawn generation.
+    pub const GENERATION: &str = "ZERG_GENERATION";
+    /// The worker's token (never passed on to the agent CLI).
+    pub const WORKER_TOKEN: &str = "ZERG_WORKER_TOKEN";
+    /// Set for the agent CLI and verification commands: the task being run.
+    pub const TASK_ID: &str = "ZERG_TASK_ID";
+    /// Set for the agent CLI and verification commands: the task's handoff directory.
+    pub const TASK_DIR: &str = "ZERG_TASK_DIR";
+}
+
+/// How a worker process ends (the original ZERG's codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// No work left.
+    Success,
+    /// Unrecoverable error.
+    Error,
+    /// Checkpointed; the task resumes elsewhere.
+    Checkpoint,
+    /// Cannot run tasks at all (the agent CLI is missing).
+    Blocked,
+    /// Escalated to a human.
+    Escalation,
+}
+
+impl WorkerExit {
+    /// The process exit code.
+    pub const fn code(self) -> u8 {
+        match self {
+            WorkerExit::Success => 0,
+            WorkerExit::Error => 1,
+            WorkerExit::Checkpoint => 2,
+            WorkerExit::Blocked => 3,
+            WorkerExit::Escalation => 4,
+        }
+    }
+
+    /// The exit with this code, if it is one of ours.
+    pub fn from_code(code: i32) -> Option<Self> {
+        [
+            WorkerExit::Success,
+            WorkerExit::Error,
+            WorkerExit::Checkpoint,
+            WorkerExit::Blocked,
+            WorkerExit::Escalation,
+        ]
+        .into_iter()
+        .find(|e| i32::from(e.code()) == code)
+    }
+
+    /// A word for logs and status.
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            WorkerExit::Success => "success",
+            WorkerExit::Error => "error",
+            WorkerExit::Checkpoint => "checkpoint",
+            WorkerExit::Blocked => "blocked",
+            WorkerExit::Escalation => "escalation",
+        }
+    }
+}
+
+/// gRPC metadata key of the worker token on every `Worker` RPC: `authorization: Bearer <hex>`.
+pub const TOKEN_METADATA: &str = "authorization";
+
+/// The metadata value for a worker token.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// gRPC metadata key zergd sets on a refusal that ends a worker's lease or the worker itself,
+/// so the agent matches on it instead of on the message text. See [`Revocation`].
+pub const REVOKED_METADATA: &str = "zerg-revoked";
+
+/// Why zergd refused a worker's call, when the refusal means "stop what you are doing".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revocation {
+    /// This lease is no longer the task's current one (the task was reassigned or requeued).
+    Lease(String),
+    /// A newer generation replaced this worker process: it must exit.
+    Superseded,
+}
+
+impl Revocation {
+    /// The metadata value (`lease:<id>` or `superseded`).
+    pub fn to_metadata(&self) -> String {
+        match self {
+            Revocation::Lease(id) => format!("lease:{id}"),
+            Revocation::Superseded => "superseded".into(),
+        }
+    }
+
+    /// Parses a metadata value written by [`Revocation::to_metadata`].
+    pub fn from_metadata(v: &str) -> Option<Self> {
+        match v.strip_prefix("lease:") {
+            Some(id) => Some(Revocation::Lease(id.to_string())),
+            None => (v == "superseded").then_some(Revocation::Superseded),
+        }
+    }
+
+    /// The revocation a refusal carries, if any.
+    pub fn of_status(s: &tonic::Status) -> Option<Self> {
+        s.metadata()
+            .get(REVOKED_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(Self::from_metadata)
+    }
+
+    /// Marks a refusal with this revocation.
+    pub fn mark(&self, mut s: tonic::Status) -> tonic::Status {
+        if let Ok(v) = self.to_metadata().parse() {
+            s.metadata_mut().insert(REVOKED_METADATA, v);
+        }
+        s
+    }
+}
+
+/// What the `zerg-worker` image provides, and how a worker container is laid out.
+pub mod image {
+    /// The image used when the rush config names none.
+    pub const DEFAULT_TAG: &str = "zerg-worker:latest";
+    /// The uid (and gid) of the image's `worker` user, which the agent runs as when zergd runs
+    /// as root.
+    pub const WORKER_UID: u32 = 10001;
+    /// The agent binary inside the image (the container's entrypoint).
+    pub const AGENT_PATH: &str = "/usr/local/bin/zerg-worker-agent";
+    /// The worker's home inside the image.
+    pub const HOME: &str = "/home/worker";
+    /// Where the worktree is mounted.
+    pub const WORKSPACE: &str = "/workspace";
+    /// Where the worker's own log dir is mounted.
+    pub const LOG_MOUNT: &str = "/zerg/logs";
+    /// Where the rush's worker-plane directory is mounted.
+    pub const RUN_MOUNT: &str = "/zerg/run";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_round_trip() {
+        for e in [
+            WorkerExit::Success,
+            WorkerExit::Error,
+            WorkerExit::Checkpoint,
+            WorkerExit::Blocked,
+            WorkerExit::Escalation,
+        ] {
+            assert_eq!(WorkerExit::from_code(i32::from(e.code())), Some(e));
+        }
+        assert_eq!(WorkerExit::from_code(137), None);
+    }
+
+    #[test]
+    fn revocations_travel_in_metadata() {
+        for r in [Revocation::Lease("T-1#2".into()), Revocation::Superseded] {
+            let s = r.mark(tonic::Status::failed_precondition("gone"));
+            assert_eq!(Revocation::of_status(&s), Some(r));
+        }
+        assert_eq!(
+            Revocation::of_status(&tonic::Status::failed_precondition("superseded")),
+            None,
+            "the message text means nothing"
+        );
+    }
+}
