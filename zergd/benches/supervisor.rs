@@ -48,7 +48,7 @@ fn rush(levels: usize, per_level: usize, workers: u32) -> Rush {
     let meta = RushMeta {
         rush_id: "bench-1".into(),
         workers,
-        mode: "subprocess".into(),
+        mode: zergd::domain::Mode::Subprocess,
         base_commit: "base".into(),
         ..Default::default()
     };
@@ -97,7 +97,7 @@ fn main() {
         r.start(now, wall, &mut fx);
         for (id, t) in r.doc.tasks.iter_mut() {
             if t.level.unwrap_or(0) <= (levels as u32) / 2 {
-                t.status = "complete".into();
+                t.status = zergd::domain::TaskStatus::Complete;
                 let _ = id;
             }
         }

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus};
+
 /// Version of the state document format written by this build.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -63,12 +65,12 @@ pub struct RushMeta {
     pub rush_id: String,
     /// Absolute repository path.
     pub repo: String,
-    /// `subprocess` or `container`.
-    pub mode: String,
+    /// Where the workers run.
+    pub mode: Mode,
     /// Target number of workers.
     pub workers: u32,
-    /// pending|running|paused|complete|failed|stopped
-    pub state: String,
+    /// The rush's state.
+    pub state: RushState,
     /// Why the rush is in its state.
     pub reason: String,
     /// The branch the rush started from.
@@ -109,8 +111,8 @@ pub struct Counters {
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub struct TaskState {
-    /// pending|in_progress|waiting_retry|complete|failed|blocked|paused
-    pub status: String,
+    /// The task's state.
+    pub status: TaskStatus,
     /// Task level (never missing, unlike the original: bug B1).
     pub level: Option<u32>,
     /// Task title.
@@ -159,8 +161,8 @@ pub struct TaskState {
 pub struct WorkerState {
     /// Slot number.
     pub worker_id: u32,
-    /// starting|ready|running|stale|backoff|stopping|exited|gave_up|blocked|done
-    pub status: String,
+    /// The slot's state.
+    pub status: WorkerStatus,
     /// Task being run.
     pub current_task: Option<String>,
     /// Worktree path.
@@ -198,7 +200,7 @@ pub struct WorkerState {
     /// Why the worker is in its status.
     pub reason: Option<String>,
     /// Current step from the last heartbeat.
-    pub step: Option<String>,
+    pub step: Option<Step>,
     /// Progress from the last heartbeat.
     pub progress_pct: u32,
 }
@@ -207,16 +209,16 @@ pub struct WorkerState {
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub struct LevelState {
-    /// pending|running|complete|failed
-    pub status: String,
+    /// The level's state.
+    pub status: LevelStatus,
     /// When the level started.
     pub started_at: Option<String>,
     /// When the level finished.
     pub completed_at: Option<String>,
     /// Merge commit on staging.
     pub merge_commit: Option<String>,
-    /// pending|merging|complete|conflict|failed
-    pub merge_status: String,
+    /// The state of its merge into staging.
+    pub merge_status: MergeStatus,
     /// Conflicting files, when the merge conflicted.
     pub conflicts: Vec<String>,
     /// Error details of a failed merge or gate.
@@ -441,7 +443,7 @@ pub struct RegistryEntry {
     /// Feature name.
     pub feature: String,
     /// Last known state.
-    pub state: String,
+    pub state: RushState,
 }
 
 impl Registry {
@@ -510,7 +512,7 @@ mod tests {
         d.tasks.insert(
             "A-L1-001".into(),
             TaskState {
-                status: "pending".into(),
+                status: TaskStatus::Pending,
                 level: Some(1),
                 ..Default::default()
             },
@@ -576,7 +578,7 @@ mod tests {
         )
         .unwrap();
         let d = store.load().unwrap().unwrap();
-        assert_eq!(d.tasks["T1"].status, "complete");
+        assert_eq!(d.tasks["T1"].status, TaskStatus::Complete);
         assert_eq!(d.tasks["T1"].level, None);
     }
 
@@ -588,5 +590,20 @@ mod tests {
         }
         assert_eq!(d.execution_log.len(), EXECUTION_LOG_LIMIT);
         assert_eq!(d.execution_log[0].data["i"], 10);
+    }
+
+    #[test]
+    fn a_state_file_of_the_previous_version_is_written_back_byte_identical() {
+        // Written by the version whose states were plain strings (a completed demo rush).
+        let old = include_bytes!("../tests/fixtures/state-demo.json");
+        let doc: StateDoc = serde_json::from_slice(old).expect("the old file loads");
+        assert_eq!(doc.rush.state, RushState::Complete);
+        assert!(doc.tasks.values().all(|t| t.status == TaskStatus::Complete));
+        let again = serde_json::to_vec_pretty(&doc).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&again),
+            String::from_utf8_lossy(old),
+            "written back byte for byte"
+        );
     }
 }

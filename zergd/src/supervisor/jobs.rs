@@ -13,6 +13,7 @@ use zerg_proto::graph::{self, GraphError, TaskGraph};
 use super::rush::{MergeJob, MergeResult, RushPaths, staging_branch, worker_branch};
 use crate::clock::iso_millis;
 use crate::config::{Config, QualityGate, secs};
+use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
 use crate::git::{self, MergeOutcome};
 use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
 
@@ -70,7 +71,7 @@ pub fn prepare_fresh(
     repo: &Path,
     feature: &str,
     workers: u32,
-    mode: &str,
+    mode: Mode,
     rush_id: &str,
     wall: SystemTime,
 ) -> Result<(Prepared, Vec<String>), Status> {
@@ -169,7 +170,7 @@ pub fn prepare_fresh(
     let meta = RushMeta {
         rush_id: rush_id.to_string(),
         repo: repo.to_string_lossy().to_string(),
-        mode: mode.to_string(),
+        mode,
         workers,
         base_branch,
         base_commit: base_commit.clone(),
@@ -207,7 +208,7 @@ pub fn initial_doc(
         feature: feature.clone(),
         started_at: now.clone(),
         rush: RushMeta {
-            state: "pending".into(),
+            state: RushState::Pending,
             staging_head: base_commit.clone(),
             spec_dir: paths.spec_dir.to_string_lossy().to_string(),
             ..meta
@@ -218,7 +219,7 @@ pub fn initial_doc(
         doc.tasks.insert(
             t.id.clone(),
             TaskState {
-                status: "pending".into(),
+                status: TaskStatus::Pending,
                 level: Some(t.level),
                 title: t.title.clone(),
                 updated_at: now.clone(),
@@ -230,8 +231,8 @@ pub fn initial_doc(
         doc.levels.insert(
             l.to_string(),
             LevelState {
-                status: "pending".into(),
-                merge_status: "pending".into(),
+                status: LevelStatus::Pending,
+                merge_status: MergeStatus::Pending,
                 ..Default::default()
             },
         );
@@ -241,7 +242,7 @@ pub fn initial_doc(
             w.to_string(),
             WorkerState {
                 worker_id: w,
-                status: "starting".into(),
+                status: WorkerStatus::Starting,
                 worktree_path: paths.worker_worktree(w).to_string_lossy().to_string(),
                 branch: worker_branch(&feature, w),
                 accepted_head: base_commit.clone(),

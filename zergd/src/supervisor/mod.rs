@@ -24,6 +24,7 @@ use zerg_proto::v1;
 
 use crate::clock::Clock;
 use crate::config::parse_memory;
+use crate::domain::{Mode, RushState, TaskStatus, WorkerStatus};
 use crate::launcher::container::ContainerLauncher;
 use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
@@ -189,8 +190,8 @@ struct Launchers {
 }
 
 impl Launchers {
-    async fn get(&self, mode: &str) -> Result<Arc<dyn Launcher>, SpawnError> {
-        if mode != "container" {
+    async fn get(&self, mode: Mode) -> Result<Arc<dyn Launcher>, SpawnError> {
+        if mode != Mode::Container {
             return Ok(self.subprocess.clone());
         }
         self.container
@@ -351,7 +352,7 @@ impl Supervisor {
                 rush_id: r.id().to_string(),
                 repo: r.doc.rush.repo.clone(),
                 feature: r.doc.feature.clone(),
-                state: r.doc.rush.state.clone(),
+                state: r.doc.rush.state,
             };
             reg.rushes
                 .retain(|e| !(e.repo == entry.repo && e.feature == entry.feature));
@@ -395,7 +396,7 @@ impl Supervisor {
         let Some(r) = self.rushes.get(rush_id) else {
             return;
         };
-        let mode = r.doc.rush.mode.clone();
+        let mode = r.doc.rush.mode;
         if !fx.escalations.is_empty() {
             let dir = r.paths.state_dir.clone();
             let list = fx.escalations.clone();
@@ -408,9 +409,8 @@ impl Supervisor {
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
-            let mode = mode.clone();
             tokio::spawn(async move {
-                let launcher = match launchers.get(&mode).await {
+                let launcher = match launchers.get(mode).await {
                     Ok(l) => l,
                     Err(e) => {
                         let _ = tx.send(Event::Spawned {
@@ -486,7 +486,7 @@ impl Supervisor {
         let rid = rush_id.to_string();
         let sweep = fx.sweep;
         tokio::spawn(async move {
-            let launcher = match launchers.get(&mode).await {
+            let launcher = match launchers.get(mode).await {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(rush = %rid, error = %e, "cannot stop the rush's workers");
@@ -709,16 +709,19 @@ impl Supervisor {
         let repo_s = repo.to_string_lossy().to_string();
         let mode_given = !req.mode.is_empty();
         let mode = if mode_given {
-            req.mode.clone()
+            match req.mode.parse::<Mode>() {
+                Ok(m) => m,
+                Err(_) => {
+                    let _ = reply.send(Err(Status::invalid_argument(format!(
+                        "mode: '{}' is not subprocess or container",
+                        req.mode.chars().take(64).collect::<String>()
+                    ))));
+                    return;
+                }
+            }
         } else {
-            "subprocess".to_string()
+            Mode::Subprocess
         };
-        if mode != "subprocess" && mode != "container" {
-            let _ = reply.send(Err(Status::invalid_argument(format!(
-                "mode: '{mode}' is not subprocess or container"
-            ))));
-            return;
-        }
         if req.workers == 0 || req.workers > 64 {
             let _ = reply.send(Err(Status::invalid_argument(
                 "workers: must be between 1 and 64",
@@ -758,10 +761,10 @@ impl Supervisor {
                     let rid = id.clone();
                     self.with_rush(&id, |r, fx| {
                         if mode_given {
-                            r.doc.rush.mode = mode.clone();
+                            r.doc.rush.mode = mode;
                         }
                         let res = r.retry(&[], false, now, wall, fx);
-                        let mode = r.doc.rush.mode.clone();
+                        let mode = r.doc.rush.mode.to_string();
                         fx.reply(
                             reply,
                             res.map(|_| v1::RushReply {
@@ -793,7 +796,7 @@ impl Supervisor {
         let rush_id = format!("{}-{:x}", req.feature, crate::clock::unix_millis(wall));
         tokio::task::spawn_blocking(move || {
             let result =
-                jobs::prepare_fresh(&repo, &req.feature, req.workers, &mode, &rush_id, wall);
+                jobs::prepare_fresh(&repo, &req.feature, req.workers, mode, &rush_id, wall);
             let _ = tx.send(Event::Prepared {
                 req,
                 result: Box::new(result),
@@ -823,7 +826,7 @@ impl Supervisor {
         };
         let id = p.doc.rush.rush_id.clone();
         self.ensure_plane(&id);
-        let mode = p.doc.rush.mode.clone();
+        let mode = p.doc.rush.mode;
         let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
         let rush = Rush::new(
             p.doc,
@@ -842,7 +845,7 @@ impl Supervisor {
                 rush_id: id.clone(),
                 warnings,
                 resumed: false,
-                mode: mode.clone(),
+                mode: mode.to_string(),
             }),
         );
         let r = self.rushes.get_mut(&id).expect("inserted");
@@ -1050,7 +1053,7 @@ impl Supervisor {
             if active {
                 self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;
-            } else if r.doc.rush.mode == "container" {
+            } else if r.doc.rush.mode == Mode::Container {
                 // A rush that ended while zergd was down leaves no container behind either.
                 self.sweep_ended(&e.rush_id);
             }
@@ -1063,7 +1066,7 @@ impl Supervisor {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
         tokio::spawn(async move {
-            let Ok(l) = launchers.get("container").await else {
+            let Ok(l) = launchers.get(Mode::Container).await else {
                 return;
             };
             for d in l.discover(&rid).await {
@@ -1074,8 +1077,8 @@ impl Supervisor {
     }
 
     async fn readopt(&mut self, r: &mut Rush, now: Instant, wall: std::time::SystemTime) {
-        let mode = r.doc.rush.mode.clone();
-        let launcher = self.launchers.get(&mode).await.ok();
+        let mode = r.doc.rush.mode;
+        let launcher = self.launchers.get(mode).await.ok();
         // At least 10 s: agents retry their connection with a backoff capped at 5 s.
         let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
             .max(Duration::from_secs(10));
@@ -1134,7 +1137,7 @@ impl Supervisor {
                 _ => false,
             };
             let rt = r.rt_workers.entry(w).or_default();
-            if alive && r.doc.rush.state != "paused" {
+            if alive && r.doc.rush.state != RushState::Paused {
                 rt.spawned = Some(sp.clone());
                 rt.registered = false;
                 rt.reconnect_by = Some(now + grace);
@@ -1142,12 +1145,12 @@ impl Supervisor {
                 if let Some(l) = &launcher {
                     l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
                 }
-            } else if r.doc.rush.state == "running" {
+            } else if r.doc.rush.state == RushState::Running {
                 let status = r
                     .doc
                     .workers
                     .get(&w.to_string())
-                    .map(|x| x.status.clone())
+                    .map(|x| x.status)
                     .unwrap_or_default();
                 if !matches!(
                     status.as_str(),
@@ -1162,7 +1165,7 @@ impl Supervisor {
                         }
                         _ => r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx),
                     }
-                } else if status == "backoff" {
+                } else if status == WorkerStatus::Backoff {
                     rt.spawn_due = Some(now);
                 }
             }
@@ -1172,7 +1175,7 @@ impl Supervisor {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "in_progress")
+            .filter(|(_, t)| t.status == TaskStatus::InProgress)
             .map(|(id, _)| id.clone())
             .collect();
         for t in in_progress {
@@ -1190,7 +1193,7 @@ impl Supervisor {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "waiting_retry")
+            .filter(|(_, t)| t.status == TaskStatus::WaitingRetry)
             .map(|(id, _)| id.clone())
             .collect();
         for t in waiting {
@@ -1204,7 +1207,7 @@ impl Supervisor {
                 },
             );
         }
-        if r.doc.rush.state == "running" {
+        if r.doc.rush.state == RushState::Running {
             // A merge that was running when zergd died is simply run again (it is idempotent).
             r.check_level_done(now, wall, &mut fx);
         }

@@ -20,6 +20,9 @@ use zerg_proto::v1;
 use crate::backoff::Backoff;
 use crate::clock::{from_unix_millis, iso_millis, unix_millis};
 use crate::config::{Config, secs};
+use crate::domain::{
+    FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
+};
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::{Level, Monitor, Source};
 use crate::state::StateDoc;
@@ -282,25 +285,26 @@ impl Rush {
     }
 
     /// Current rush state.
-    pub fn state(&self) -> &str {
-        &self.doc.rush.state
+    pub fn state(&self) -> RushState {
+        self.doc.rush.state
     }
 
     /// Whether the rush has ended (complete, failed or stopped).
     pub fn is_terminal(&self) -> bool {
-        matches!(self.state(), "complete" | "failed" | "stopped")
+        self.state().is_terminal()
     }
 
     fn resilient(&self) -> bool {
         self.config.resilience.enabled
     }
 
-    fn set_state(&mut self, state: &str, reason: &str) {
-        self.doc.rush.state = state.to_string();
+    fn set_state(&mut self, state: RushState, reason: &str) {
+        self.doc.rush.state = state;
         self.doc.rush.reason = reason.to_string();
-        self.doc.paused = state == "paused";
-        self.doc.error = (!reason.is_empty() && state != "running" && state != "complete")
-            .then(|| reason.to_string());
+        self.doc.paused = state == RushState::Paused;
+        self.doc.error =
+            (!reason.is_empty() && state != RushState::Running && state != RushState::Complete)
+                .then(|| reason.to_string());
         self.dirty = true;
     }
 
@@ -327,25 +331,17 @@ impl Rush {
         self.doc.tasks.get(id).and_then(|t| t.level).unwrap_or(0)
     }
 
-    fn task_status(&self, id: &str) -> &str {
-        self.doc
-            .tasks
-            .get(id)
-            .map(|t| t.status.as_str())
-            .unwrap_or("")
+    fn task_status(&self, id: &str) -> Option<TaskStatus> {
+        self.doc.tasks.get(id).map(|t| t.status)
     }
 
-    fn worker_status(&self, w: u32) -> &str {
-        self.doc
-            .workers
-            .get(&w.to_string())
-            .map(|x| x.status.as_str())
-            .unwrap_or("")
+    fn worker_status(&self, w: u32) -> Option<WorkerStatus> {
+        self.doc.workers.get(&w.to_string()).map(|x| x.status)
     }
 
-    fn set_worker_status(&mut self, w: u32, status: &str, reason: Option<String>) {
+    fn set_worker_status(&mut self, w: u32, status: WorkerStatus, reason: Option<String>) {
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
-            ws.status = status.to_string();
+            ws.status = status;
             if reason.is_some() {
                 ws.reason = reason;
             }
@@ -354,8 +350,8 @@ impl Rush {
     }
 
     /// Whether a task status is final for level accounting.
-    pub fn is_terminal_task(status: &str) -> bool {
-        matches!(status, "complete" | "failed" | "blocked")
+    pub fn is_terminal_task(status: Option<TaskStatus>) -> bool {
+        status.is_some_and(TaskStatus::is_terminal)
     }
 
     fn spawn_backoff(&self) -> Backoff {
@@ -390,7 +386,7 @@ impl Rush {
 impl Rush {
     /// Starts (or resumes) execution once the worktrees exist.
     pub fn start(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
-        self.set_state("running", "");
+        self.set_state(RushState::Running, "");
         self.doc.rush.finished_at.clear();
         if self.doc.started_at.is_empty() {
             self.doc.started_at = iso_millis(wall);
@@ -454,7 +450,7 @@ impl Rush {
                         .doc
                         .levels
                         .get(&l.to_string())
-                        .is_none_or(|ls| ls.merge_status != "complete")
+                        .is_none_or(|ls| ls.merge_status != MergeStatus::Complete)
             })
             .map(|(l, _)| l)
     }
@@ -462,14 +458,14 @@ impl Rush {
     fn start_level(&mut self, level: u32, wall: SystemTime) {
         self.doc.current_level = level;
         let ls = self.doc.levels.entry(level.to_string()).or_default();
-        if ls.status != "running" {
-            ls.status = "running".into();
+        if ls.status != LevelStatus::Running {
+            ls.status = LevelStatus::Running;
             ls.started_at = Some(iso_millis(wall));
-            if ls.merge_status.is_empty()
-                || ls.merge_status == "conflict"
-                || ls.merge_status == "failed"
+            if ls.merge_status == MergeStatus::Pending
+                || ls.merge_status == MergeStatus::Conflict
+                || ls.merge_status == MergeStatus::Failed
             {
-                ls.merge_status = "pending".into();
+                ls.merge_status = MergeStatus::Pending;
             }
             let n = self
                 .graph
@@ -497,7 +493,7 @@ impl Rush {
         let ws = self.doc.workers.entry(key).or_default();
         ws.worker_id = w;
         ws.generation += 1;
-        ws.status = "starting".into();
+        ws.status = WorkerStatus::Starting;
         ws.branch = worker_branch(&feature, w);
         ws.worktree_path = wt.to_string_lossy().to_string();
         ws.current_task = None;
@@ -547,7 +543,7 @@ impl Rush {
                 {
                     return;
                 }
-                if self.is_terminal() || self.worker_status(w) == "stopping" {
+                if self.is_terminal() || self.worker_status(w) == Some(WorkerStatus::Stopping) {
                     fx.stop.push((w, sp, Duration::ZERO));
                     return;
                 }
@@ -608,7 +604,7 @@ impl Rush {
             self.doc.rush.resilience.spawn_retries += 1;
             self.set_worker_status(
                 w,
-                "backoff",
+                WorkerStatus::Backoff,
                 Some(format!("spawn attempt {attempt} failed: {reason}")),
             );
             let rt = self.rt_workers.entry(w).or_default();
@@ -631,7 +627,7 @@ impl Rush {
                 "spawn failed {attempt} times, last error: {reason}. Fix the cause, then run `zergctl retry {}`",
                 self.feature()
             );
-            self.set_worker_status(w, "gave_up", Some(why.clone()));
+            self.set_worker_status(w, WorkerStatus::GaveUp, Some(why.clone()));
             if let Some(rt) = self.rt_workers.get_mut(&w) {
                 rt.spawned = None;
             }
@@ -687,7 +683,7 @@ impl Rush {
         let exit = code.and_then(WorkerExit::from_code);
 
         // The task the worker held goes back to the queue (FR-5).
-        if let Some(t) = task.filter(|t| self.task_status(t) == "in_progress") {
+        if let Some(t) = task.filter(|t| self.task_status(t) == Some(TaskStatus::InProgress)) {
             if exit == Some(WorkerExit::Checkpoint) {
                 self.requeue(&t, "checkpoint", wall);
             } else if !expected {
@@ -699,9 +695,9 @@ impl Rush {
 
         if self.is_terminal() {
             let status = if exit == Some(WorkerExit::Success) {
-                "done"
+                WorkerStatus::Done
             } else {
-                "exited"
+                WorkerStatus::Exited
             };
             self.set_worker_status(w, status, None);
             self.event(
@@ -772,7 +768,7 @@ impl Rush {
         let deliberate = matches!(exit, Some(WorkerExit::Checkpoint | WorkerExit::Escalation));
         match exit {
             Some(WorkerExit::Success) if !self.has_open_work() => {
-                self.set_worker_status(w, "done", Some("no work left".into()));
+                self.set_worker_status(w, WorkerStatus::Done, Some("no work left".into()));
             }
             Some(WorkerExit::Success) => {
                 // An agent that exits 0 while work remains (for example a late `Done` from an
@@ -786,7 +782,7 @@ impl Rush {
                     .get(&w.to_string())
                     .and_then(|x| x.reason.clone())
                     .unwrap_or_else(|| "the worker reported it cannot run tasks".into());
-                self.set_worker_status(w, "blocked", Some(reason));
+                self.set_worker_status(w, WorkerStatus::Blocked, Some(reason));
                 self.check_workers_exhausted(now, wall, fx);
             }
             _ if !registered && !expected && !deliberate => {
@@ -822,13 +818,13 @@ impl Rush {
         fx: &mut Effects,
     ) {
         if !self.has_open_work() {
-            self.set_worker_status(w, "done", Some("no work left".into()));
+            self.set_worker_status(w, WorkerStatus::Done, Some("no work left".into()));
             return;
         }
         if !self.resilient() || !self.config.workers.auto_respawn {
             self.set_worker_status(
                 w,
-                "exited",
+                WorkerStatus::Exited,
                 Some(format!("exited ({why}); auto_respawn is off")),
             );
             self.check_workers_exhausted(now, wall, fx);
@@ -850,7 +846,7 @@ impl Rush {
                 self.config.workers.respawn_window_seconds,
                 self.doc.feature
             );
-            self.set_worker_status(w, "gave_up", Some(reason.clone()));
+            self.set_worker_status(w, WorkerStatus::GaveUp, Some(reason.clone()));
             self.event(
                 wall,
                 Source::Worker(w),
@@ -883,7 +879,7 @@ impl Rush {
             rt.spawn_due = Some(now + delay);
             self.set_worker_status(
                 w,
-                "backoff",
+                WorkerStatus::Backoff,
                 Some(format!(
                     "respawn in {:.1}s after {why}",
                     delay.as_secs_f64()
@@ -900,7 +896,12 @@ impl Rush {
         let all_gone = (0..self.doc.rush.workers).all(|w| {
             matches!(
                 self.worker_status(w),
-                "gave_up" | "blocked" | "exited" | "done"
+                Some(
+                    WorkerStatus::GaveUp
+                        | WorkerStatus::Blocked
+                        | WorkerStatus::Exited
+                        | WorkerStatus::Done
+                )
             )
         });
         if !all_gone {
@@ -920,10 +921,7 @@ impl Rush {
     }
 
     fn has_open_work(&self) -> bool {
-        self.doc
-            .tasks
-            .values()
-            .any(|t| !Self::is_terminal_task(&t.status))
+        self.doc.tasks.values().any(|t| !t.status.is_terminal())
     }
 }
 
@@ -1013,7 +1011,7 @@ impl Rush {
         rt.registered = true;
         rt.last_hb = Some(now);
         // A pid from inside a container means nothing on the host: never signal it.
-        if rt.spawned.is_none() && self.doc.rush.mode != "container" {
+        if rt.spawned.is_none() && self.doc.rush.mode != Mode::Container {
             rt.spawned = Some(Spawned {
                 pid: Some(req.pid),
                 start_time: crate::launcher::subprocess::proc_start_time(req.pid),
@@ -1031,13 +1029,13 @@ impl Rush {
         ws.spawn_failures = 0;
         ws.reason = None;
         if let Some((t, _)) = &held {
-            ws.status = "running".into();
+            ws.status = WorkerStatus::Running;
             ws.current_task = Some(t.clone());
             self.rt_tasks
                 .entry(t.clone())
                 .and_modify(|x| x.last_progress = now);
         } else {
-            ws.status = "ready".into();
+            ws.status = WorkerStatus::Ready;
         }
         let msg = if reconnect {
             format!("Worker {w} reconnected after zergd restart")
@@ -1102,13 +1100,13 @@ impl Rush {
             .workers
             .get(&w.to_string())
             .and_then(|x| x.current_task.clone());
-        if let Some(t) = held.filter(|t| self.task_status(t) == "in_progress") {
+        if let Some(t) = held.filter(|t| self.task_status(t) == Some(TaskStatus::InProgress)) {
             self.requeue(&t, "lease abandoned by its worker", wall);
         }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
-            if ws.status == "running" || ws.status == "starting" {
-                ws.status = "ready".into();
+            if ws.status == WorkerStatus::Running || ws.status == WorkerStatus::Starting {
+                ws.status = WorkerStatus::Ready;
             }
         }
         self.touch(w, now, wall);
@@ -1131,13 +1129,15 @@ impl Rush {
             }
             return;
         }
-        if self.state() != "running" || self.merging || self.rate_limited(wall) {
+        if self.state() != RushState::Running || self.merging || self.rate_limited(wall) {
             return;
         }
         let parked: Vec<u32> = self
             .rt_workers
             .iter()
-            .filter(|(w, rt)| rt.parked.is_some() && self.worker_status(**w) == "ready")
+            .filter(|(w, rt)| {
+                rt.parked.is_some() && self.worker_status(**w) == Some(WorkerStatus::Ready)
+            })
             .map(|(w, _)| *w)
             .collect();
         if parked.is_empty() {
@@ -1171,11 +1171,11 @@ impl Rush {
         self.graph
             .tasks
             .iter()
-            .filter(|t| t.level == level && self.task_status(&t.id) == "pending")
+            .filter(|t| t.level == level && self.task_status(&t.id) == Some(TaskStatus::Pending))
             .filter(|t| {
                 t.dependencies
                     .iter()
-                    .all(|d| self.task_status(d) == "complete")
+                    .all(|d| self.task_status(d) == Some(TaskStatus::Complete))
             })
             .map(|t| t.id.clone())
             .collect()
@@ -1193,7 +1193,7 @@ impl Rush {
         let ts = self.doc.tasks.get_mut(task_id).expect("task exists");
         ts.leases += 1;
         let lease_id = format!("{task_id}#{}", ts.leases);
-        ts.status = "in_progress".into();
+        ts.status = TaskStatus::InProgress;
         ts.worker_id = Some(w);
         ts.lease_id = Some(lease_id.clone());
         ts.claimed_at = Some(iso_millis(wall));
@@ -1213,9 +1213,9 @@ impl Rush {
             },
         );
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
-            ws.status = "running".into();
+            ws.status = WorkerStatus::Running;
             ws.current_task = Some(task_id.to_string());
-            ws.step = Some("initializing".into());
+            ws.step = Some(Step::Initializing);
             ws.progress_pct = 0;
         }
         self.event(
@@ -1265,7 +1265,7 @@ impl Rush {
             )))
         })?;
         if ts.lease_id.as_deref() != Some(lease_id)
-            || ts.status != "in_progress"
+            || ts.status != TaskStatus::InProgress
             || ts.worker_id != Some(r.worker_id)
         {
             return Err(revoked.mark(Status::failed_precondition(format!(
@@ -1289,19 +1289,23 @@ impl Rush {
         if !req.lease_id.is_empty() {
             self.check_lease(&r, &req.task_id, &req.lease_id)?;
         }
+        let step: Step = req
+            .step
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("step: {e}")))?;
         let w = r.worker_id;
         self.touch(w, now, wall);
-        let recovered = self.worker_status(w) == "stale";
+        let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.health_check_at = Some(iso_millis(wall));
-            ws.step = Some(req.step.clone());
+            ws.step = Some(step);
             ws.progress_pct = req.progress_pct.min(100);
         }
         if recovered {
             let status = if req.lease_id.is_empty() {
-                "ready"
+                WorkerStatus::Ready
             } else {
-                "running"
+                WorkerStatus::Running
             };
             self.set_worker_status(w, status, None);
             self.event(
@@ -1357,7 +1361,7 @@ impl Rush {
             branch: worker_branch(self.feature(), r.worker_id),
             base: ts.base_commit.clone().unwrap_or_default(),
             protected: format!(".gsd/specs/{}", self.feature()),
-            container: self.doc.rush.mode == "container",
+            container: self.doc.rush.mode == Mode::Container,
             feature: self.feature().to_string(),
             task: task_id.to_string(),
         })
@@ -1382,8 +1386,8 @@ impl Rush {
         self.touch(w, now, wall);
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
-            ws.status = "ready".into();
-            ws.step = Some("idle".into());
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
         }
         self.event(
             wall,
@@ -1407,7 +1411,7 @@ impl Rush {
         wall: SystemTime,
     ) -> Option<(serde_json::Value, serde_json::Value)> {
         let ws = self.doc.workers.get(&w.to_string())?;
-        let step = ws.step.clone().unwrap_or_else(|| "initializing".into());
+        let step = ws.step.unwrap_or(Step::Initializing);
         let hb = json!({
             "worker_id": w,
             "timestamp": humantime::format_rfc3339_seconds(wall).to_string(),
@@ -1460,7 +1464,7 @@ impl Rush {
         self.record_tiers(w, &req.task_id, &req.tiers);
         let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
         ts.cost_usd += req.cost_usd.max(0.0);
-        ts.status = "complete".into();
+        ts.status = TaskStatus::Complete;
         ts.commit = Some(req.commit.clone());
         ts.completed_at = Some(iso_millis(wall));
         ts.updated_at = iso_millis(wall);
@@ -1473,8 +1477,8 @@ impl Rush {
             ws.accepted_head = req.commit.clone();
             ws.tasks_completed += 1;
             ws.current_task = None;
-            ws.status = "ready".into();
-            ws.step = Some("idle".into());
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
         }
         self.event(
             wall,
@@ -1523,11 +1527,13 @@ impl Rush {
         }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
-            ws.status = "ready".into();
-            ws.step = Some("idle".into());
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
         }
-        match req.kind.as_str() {
-            "rate_limited" => {
+        // An unknown kind is an ordinary failed attempt.
+        let kind: Option<FailKind> = req.kind.parse().ok();
+        match kind {
+            Some(FailKind::RateLimited) => {
                 let until = if req.retry_at_ms > unix_millis(wall) {
                     from_unix_millis(req.retry_at_ms)
                 } else {
@@ -1547,30 +1553,26 @@ impl Rush {
                     json!({"task_id": t, "worker_id": w, "until": iso_millis(until)}),
                 );
             }
-            "checkpoint" => {
+            Some(FailKind::Checkpoint) => {
                 if let Some(ts) = self.doc.tasks.get_mut(&t) {
                     ts.resume_from =
                         (!req.checkpoint_commit.is_empty()).then(|| req.checkpoint_commit.clone());
                 }
                 self.requeue(&t, "checkpoint", wall);
             }
-            "agent_missing" => {
-                self.set_worker_status(w, "ready", Some(req.message.clone()));
+            Some(FailKind::AgentMissing) => {
+                self.set_worker_status(w, WorkerStatus::Ready, Some(req.message.clone()));
                 self.requeue(
                     &t,
                     &format!("worker cannot run the agent: {}", req.message),
                     wall,
                 );
             }
-            "escalated" => {
+            Some(FailKind::Escalated) => {
                 self.fail_permanently(&t, &format!("escalated: {}", req.message), wall);
             }
             _ => {
-                let kind = if req.kind.is_empty() {
-                    "failed"
-                } else {
-                    req.kind.as_str()
-                };
+                let kind = kind.map(FailKind::as_str).unwrap_or("failed");
                 self.fail_attempt(&t, w, &format!("{kind}: {}", req.message), now, wall);
             }
         }
@@ -1623,7 +1625,7 @@ impl Rush {
             return;
         };
         let w = ts.worker_id;
-        ts.status = "pending".into();
+        ts.status = TaskStatus::Pending;
         ts.lease_id = None;
         ts.updated_at = iso_millis(wall);
         self.rt_tasks.remove(t);
@@ -1681,7 +1683,7 @@ impl Rush {
         // Task retries are part of the core, not of the resilience switch.
         if n <= max {
             let delay = backoff.jittered(n);
-            ts.status = "waiting_retry".into();
+            ts.status = TaskStatus::WaitingRetry;
             ts.next_retry_at = Some(iso_millis(wall + delay));
             ts.updated_at = iso_millis(wall);
             self.rt_tasks.insert(
@@ -1711,7 +1713,7 @@ impl Rush {
         let Some(ts) = self.doc.tasks.get_mut(t) else {
             return;
         };
-        ts.status = "failed".into();
+        ts.status = TaskStatus::Failed;
         ts.error = Some(why.to_string());
         ts.lease_id = None;
         ts.updated_at = iso_millis(wall);
@@ -1729,10 +1731,10 @@ impl Rush {
         let mut blocked = Vec::new();
         for d in dependents {
             if let Some(ds) = self.doc.tasks.get_mut(&d) {
-                if ds.status == "complete" {
+                if ds.status == TaskStatus::Complete {
                     continue;
                 }
-                ds.status = "blocked".into();
+                ds.status = TaskStatus::Blocked;
                 if !ds.blocked_by.contains(&t.to_string()) {
                     ds.blocked_by.push(t.to_string());
                 }
@@ -1763,7 +1765,7 @@ impl Rush {
 impl Rush {
     /// Starts the level merge when every task of the current level is terminal.
     pub fn check_level_done(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
-        if self.state() != "running" || self.merging {
+        if self.state() != RushState::Running || self.merging {
             return;
         }
         let level = self.doc.current_level;
@@ -1777,7 +1779,9 @@ impl Rush {
         {
             return;
         }
-        let any_complete = tasks.iter().any(|t| self.task_status(&t.id) == "complete");
+        let any_complete = tasks
+            .iter()
+            .any(|t| self.task_status(&t.id) == Some(TaskStatus::Complete));
         if !any_complete {
             // Nothing to merge: the level produced no commits.
             self.level_merged(level, None, now, wall, fx);
@@ -1785,7 +1789,7 @@ impl Rush {
         }
         self.merging = true;
         let ls = self.doc.levels.entry(level.to_string()).or_default();
-        ls.merge_status = "merging".into();
+        ls.merge_status = MergeStatus::Merging;
         let heads = (0..self.doc.rush.workers)
             .filter_map(|w| {
                 let ws = self.doc.workers.get(&w.to_string())?;
@@ -1826,7 +1830,7 @@ impl Rush {
         fx: &mut Effects,
     ) {
         self.merging = false;
-        if self.state() != "running" || level != self.doc.current_level {
+        if self.state() != RushState::Running || level != self.doc.current_level {
             return;
         }
         match result {
@@ -1855,10 +1859,10 @@ impl Rush {
                     self.feature()
                 );
                 let ls = self.doc.levels.entry(level.to_string()).or_default();
-                ls.merge_status = "conflict".into();
+                ls.merge_status = MergeStatus::Conflict;
                 ls.conflicts = files.clone();
                 ls.merge_details = Some(reason.clone());
-                self.set_state("paused", &reason);
+                self.set_state(RushState::Paused, &reason);
                 self.event(
                     wall,
                     Source::Orchestrator,
@@ -1874,9 +1878,9 @@ impl Rush {
                     self.feature()
                 );
                 let ls = self.doc.levels.entry(level.to_string()).or_default();
-                ls.merge_status = "failed".into();
+                ls.merge_status = MergeStatus::Failed;
                 ls.merge_details = Some(reason.clone());
-                self.set_state("paused", &reason);
+                self.set_state(RushState::Paused, &reason);
                 self.event(
                     wall,
                     Source::Orchestrator,
@@ -1889,9 +1893,9 @@ impl Rush {
             MergeResult::Error(e) => {
                 let reason = format!("merge of level {level} failed: {e}");
                 let ls = self.doc.levels.entry(level.to_string()).or_default();
-                ls.merge_status = "failed".into();
+                ls.merge_status = MergeStatus::Failed;
                 ls.merge_details = Some(reason.clone());
-                self.set_state("paused", &reason);
+                self.set_state(RushState::Paused, &reason);
                 self.event(
                     wall,
                     Source::Orchestrator,
@@ -1918,7 +1922,7 @@ impl Rush {
             .tasks
             .iter()
             .filter(|t| t.level == level)
-            .any(|t| self.task_status(&t.id) != "complete");
+            .any(|t| self.task_status(&t.id) != Some(TaskStatus::Complete));
         if let Some(h) = &head {
             self.doc.rush.staging_head = h.clone();
             for ws in self.doc.workers.values_mut() {
@@ -1927,11 +1931,11 @@ impl Rush {
         }
         let ls = self.doc.levels.entry(level.to_string()).or_default();
         ls.status = if failed {
-            "failed".into()
+            LevelStatus::Failed
         } else {
-            "complete".into()
+            LevelStatus::Complete
         };
-        ls.merge_status = "complete".into();
+        ls.merge_status = MergeStatus::Complete;
         ls.merge_commit = head.clone();
         ls.completed_at = Some(iso_millis(wall));
         ls.conflicts.clear();
@@ -1968,20 +1972,20 @@ impl Rush {
             .doc
             .tasks
             .values()
-            .filter(|t| t.status == "complete")
+            .filter(|t| t.status == TaskStatus::Complete)
             .count();
         self.doc.rush.finished_at = iso_millis(wall);
         self.doc.metrics = Some(json!({
             "computed_at": iso_millis(wall),
             "tasks_total": total,
             "tasks_completed": done,
-            "tasks_failed": self.doc.tasks.values().filter(|t| t.status == "failed").count(),
-            "tasks_blocked": self.doc.tasks.values().filter(|t| t.status == "blocked").count(),
-            "levels_completed": self.doc.levels.values().filter(|l| l.status == "complete").count(),
+            "tasks_failed": self.doc.tasks.values().filter(|t| t.status == TaskStatus::Failed).count(),
+            "tasks_blocked": self.doc.tasks.values().filter(|t| t.status == TaskStatus::Blocked).count(),
+            "levels_completed": self.doc.levels.values().filter(|l| l.status == LevelStatus::Complete).count(),
             "resilience": self.doc.rush.resilience,
         }));
         if done == total {
-            self.set_state("complete", "");
+            self.set_state(RushState::Complete, "");
             self.event(
                 wall,
                 Source::Orchestrator,
@@ -1996,7 +2000,7 @@ impl Rush {
             fx.cleanup = true;
         } else {
             let reason = self.failure_report();
-            self.set_state("failed", &reason);
+            self.set_state(RushState::Failed, &reason);
             self.event(
                 wall,
                 Source::Orchestrator,
@@ -2015,14 +2019,14 @@ impl Rush {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "failed")
+            .filter(|(_, t)| t.status == TaskStatus::Failed)
             .map(|(id, t)| format!("{id} ({})", t.error.clone().unwrap_or_default()))
             .collect();
         let blocked: Vec<&String> = self
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "blocked")
+            .filter(|(_, t)| t.status == TaskStatus::Blocked)
             .map(|(id, _)| id)
             .collect();
         let mut s = format!("{} task(s) failed: {}", failed.len(), failed.join("; "));
@@ -2042,7 +2046,7 @@ impl Rush {
 
     fn fail_rush(&mut self, reason: &str, now: Instant, wall: SystemTime, fx: &mut Effects) {
         self.doc.rush.finished_at = iso_millis(wall);
-        self.set_state("failed", reason);
+        self.set_state(RushState::Failed, reason);
         self.event(
             wall,
             Source::Orchestrator,
@@ -2063,7 +2067,7 @@ impl Rush {
         fx: &mut Effects,
         grace: Duration,
     ) {
-        let drain = self.state() != "stopped";
+        let drain = self.state() != RushState::Stopped;
         self.dispatch(now, wall, fx);
         fx.sweep = Some(
             self.doc
@@ -2084,9 +2088,11 @@ impl Rush {
                     fx.stop.push((w, sp, grace));
                 }
             }
-            let st = self.worker_status(w).to_string();
-            if matches!(st.as_str(), "backoff" | "starting") {
-                self.set_worker_status(w, "exited", None);
+            if matches!(
+                self.worker_status(w),
+                Some(WorkerStatus::Backoff | WorkerStatus::Starting)
+            ) {
+                self.set_worker_status(w, WorkerStatus::Exited, None);
             }
         }
     }
@@ -2102,7 +2108,7 @@ impl Rush {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "in_progress")
+            .filter(|(_, t)| t.status == TaskStatus::InProgress)
             .map(|(id, _)| id.clone())
             .collect();
         for t in in_progress {
@@ -2110,7 +2116,7 @@ impl Rush {
         }
         self.doc.rush.finished_at = iso_millis(wall);
         self.set_state(
-            "stopped",
+            RushState::Stopped,
             if force {
                 "stopped by user (force)"
             } else {
@@ -2130,7 +2136,7 @@ impl Rush {
         );
         let n = self.live_workers().len() as u32;
         for w in self.live_workers() {
-            self.set_worker_status(w, "stopping", None);
+            self.set_worker_status(w, WorkerStatus::Stopping, None);
         }
         self.stop_all_workers(now, wall, fx, grace);
         n
@@ -2167,14 +2173,14 @@ impl Rush {
         let mut all: BTreeSet<String> = targets.iter().cloned().collect();
         for t in &targets {
             for d in self.graph.dependents_closure(t) {
-                if self.task_status(&d) == "blocked" {
+                if self.task_status(&d) == Some(TaskStatus::Blocked) {
                     all.insert(d);
                 }
             }
         }
         for t in &all {
             let ts = self.doc.tasks.get_mut(t).expect("exists");
-            ts.status = "pending".into();
+            ts.status = TaskStatus::Pending;
             ts.blocked_by.clear();
             ts.error = None;
             ts.next_retry_at = None;
@@ -2184,8 +2190,11 @@ impl Rush {
             }
             self.rt_tasks.remove(t);
         }
-        let paused_merge = self.state() == "paused";
-        if all.is_empty() && !paused_merge && !matches!(self.state(), "failed" | "stopped") {
+        let paused_merge = self.state() == RushState::Paused;
+        if all.is_empty()
+            && !paused_merge
+            && !matches!(self.state(), RushState::Failed | RushState::Stopped)
+        {
             return Ok(vec![]);
         }
         self.event(
@@ -2200,11 +2209,11 @@ impl Rush {
         if let Some(min) = all.iter().map(|t| self.task_level(t)).min() {
             for (l, ls) in self.doc.levels.iter_mut() {
                 if l.parse::<u32>().unwrap_or(0) >= min {
-                    ls.status = "pending".into();
+                    ls.status = LevelStatus::Pending;
                 }
             }
         }
-        let was_running = self.state() == "running";
+        let was_running = self.state() == RushState::Running;
         if was_running {
             if let Some(l) = self.first_open_level()
                 && l < self.doc.current_level
@@ -2215,7 +2224,12 @@ impl Rush {
             for w in 0..self.doc.rush.workers {
                 let dead = matches!(
                     self.worker_status(w),
-                    "gave_up" | "blocked" | "exited" | "done"
+                    Some(
+                        WorkerStatus::GaveUp
+                            | WorkerStatus::Blocked
+                            | WorkerStatus::Exited
+                            | WorkerStatus::Done
+                    )
                 );
                 let live = self.rt_workers.get(&w).is_some_and(|r| r.spawned.is_some());
                 if dead && !live {
@@ -2275,9 +2289,9 @@ impl Rush {
             .map(|(t, _)| t.clone())
             .collect();
         for t in retry_due {
-            if self.task_status(&t) == "waiting_retry" {
+            if self.task_status(&t) == Some(TaskStatus::WaitingRetry) {
                 let ts = self.doc.tasks.get_mut(&t).expect("exists");
-                ts.status = "pending".into();
+                ts.status = TaskStatus::Pending;
                 ts.next_retry_at = None;
                 self.rt_tasks.remove(&t);
                 self.event(
@@ -2297,7 +2311,7 @@ impl Rush {
                 due(d);
             }
         }
-        if self.state() == "running" && self.resilient() {
+        if self.state() == RushState::Running && self.resilient() {
             self.check_stale(now, wall, fx);
             // Re-check at a fraction of the heartbeat interval.
             due(now
@@ -2351,7 +2365,7 @@ impl Rush {
             .collect();
         for w in slow {
             self.kill_worker(w, true, fx);
-            self.set_worker_status(w, "stopping", None);
+            self.set_worker_status(w, WorkerStatus::Stopping, None);
             self.event(
                 wall,
                 Source::Worker(w),
@@ -2411,7 +2425,7 @@ impl Rush {
                 rt.registered
                     && rt.spawned.is_some()
                     && !rt.stopping
-                    && self.worker_status(**w) != "stale"
+                    && self.worker_status(**w) != Some(WorkerStatus::Stale)
             })
             .map(|(w, _)| *w)
             .collect();
@@ -2467,7 +2481,7 @@ impl Rush {
                         .and_then(|x| x.current_task.clone());
                     self.set_worker_status(
                         w,
-                        "stale",
+                        WorkerStatus::Stale,
                         Some(format!("no heartbeat for {:.0}s", hb_stale.as_secs_f64())),
                     );
                     self.event(
@@ -2482,7 +2496,9 @@ impl Rush {
                         ),
                         json!({"worker_id": w, "task_id": task}),
                     );
-                    if let Some(t) = task.filter(|t| self.task_status(t) == "in_progress") {
+                    if let Some(t) =
+                        task.filter(|t| self.task_status(t) == Some(TaskStatus::InProgress))
+                    {
                         self.crash_task(&t, w, "worker heartbeat stale", wall);
                         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
                             ws.current_task = None;
@@ -2500,7 +2516,7 @@ impl Rush {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "in_progress")
+            .filter(|(_, t)| t.status == TaskStatus::InProgress)
             .filter_map(|(id, t)| {
                 let rt = self.rt_tasks.get(id)?;
                 (now.duration_since(rt.last_progress) > task_stale)
@@ -2563,7 +2579,7 @@ impl Rush {
             .doc
             .tasks
             .iter()
-            .filter(|(_, t)| t.status == "in_progress")
+            .filter(|(_, t)| t.status == TaskStatus::InProgress)
             .filter(|(id, t)| {
                 let Some(w) = t.worker_id else { return true };
                 let alive = self
@@ -2594,7 +2610,7 @@ impl Rush {
             .values()
             .filter(|ws| {
                 ws.current_task.as_ref().is_some_and(|t| {
-                    self.task_status(t) != "in_progress"
+                    self.task_status(t) != Some(TaskStatus::InProgress)
                         || self.doc.tasks.get(t).and_then(|x| x.worker_id) != Some(ws.worker_id)
                 })
             })
@@ -2620,18 +2636,18 @@ impl Rush {
                 .doc
                 .levels
                 .get(&key)
-                .map(|x| x.status.clone())
+                .map(|x| x.status)
                 .unwrap_or_default();
-            if (st == "complete" || st == "failed") && !all_terminal {
+            if (st == LevelStatus::Complete || st == LevelStatus::Failed) && !all_terminal {
                 let want = if *l == self.doc.current_level {
-                    "running"
+                    LevelStatus::Running
                 } else {
-                    "pending"
+                    LevelStatus::Pending
                 };
                 fixes.push(format!(
                     "level {l} was marked {st} with unfinished tasks; recalculated to {want}"
                 ));
-                self.doc.levels.entry(key).or_default().status = want.into();
+                self.doc.levels.entry(key).or_default().status = want;
             }
         }
         if thorough {
@@ -2641,7 +2657,7 @@ impl Rush {
                 .doc
                 .tasks
                 .iter()
-                .filter(|(_, t)| t.status == "in_progress" && t.level.unwrap_or(0) > cur)
+                .filter(|(_, t)| t.status == TaskStatus::InProgress && t.level.unwrap_or(0) > cur)
                 .map(|(id, _)| id.clone())
                 .collect();
             for t in early {

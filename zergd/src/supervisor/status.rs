@@ -3,6 +3,7 @@
 use zerg_proto::v1;
 
 use super::rush::{Rush, staging_branch};
+use crate::domain::{RushState, TaskStatus};
 
 impl Rush {
     /// The full status of the rush.
@@ -15,11 +16,14 @@ impl Rush {
                 (
                     id.clone(),
                     v1::TaskStatus {
-                        status: t.status.clone(),
+                        status: t.status.to_string(),
                         level: t.level.unwrap_or(0),
                         worker_id: t.worker_id,
                         attempts: t.retry_count
-                            + u32::from(t.status == "in_progress" || t.status == "complete"),
+                            + u32::from(
+                                t.status == TaskStatus::InProgress
+                                    || t.status == TaskStatus::Complete,
+                            ),
                         error: t.error.clone().unwrap_or_default(),
                         title: t.title.clone(),
                         commit: t.commit.clone().unwrap_or_default(),
@@ -39,10 +43,10 @@ impl Rush {
                 (
                     id.clone(),
                     v1::WorkerStatus {
-                        status: w.status.clone(),
+                        status: w.status.to_string(),
                         current_task: w.current_task.clone().unwrap_or_default(),
                         last_heartbeat: w.health_check_at.clone().unwrap_or_default(),
-                        step: w.step.clone().unwrap_or_default(),
+                        step: w.step.map(|s| s.to_string()).unwrap_or_default(),
                         progress_pct: w.progress_pct,
                         pid: w.pid,
                         container_id: w.container_id.clone().unwrap_or_default(),
@@ -64,22 +68,18 @@ impl Rush {
                 (
                     l.to_string(),
                     v1::LevelStatus {
-                        status: if ls.status.is_empty() {
-                            "pending".into()
-                        } else {
-                            ls.status
-                        },
-                        merge_status: if ls.merge_status.is_empty() {
-                            "pending".into()
-                        } else {
-                            ls.merge_status
-                        },
+                        status: ls.status.to_string(),
+                        merge_status: ls.merge_status.to_string(),
                         merge_commit: ls.merge_commit.unwrap_or_default(),
                         conflicts: ls.conflicts,
                         tasks: ts.len() as u32,
                         complete: ts
                             .iter()
-                            .filter(|t| d.tasks.get(&t.id).is_some_and(|x| x.status == "complete"))
+                            .filter(|t| {
+                                d.tasks
+                                    .get(&t.id)
+                                    .is_some_and(|x| x.status == TaskStatus::Complete)
+                            })
                             .count() as u32,
                     },
                 )
@@ -100,10 +100,10 @@ impl Rush {
                 ));
             }
         }
-        let report = if self.is_terminal() && d.rush.state != "complete" {
+        let report = if self.is_terminal() && d.rush.state != RushState::Complete {
             d.tasks
                 .iter()
-                .filter(|(_, t)| t.status != "complete")
+                .filter(|(_, t)| t.status != TaskStatus::Complete)
                 .map(|(id, t)| {
                     format!("{id}: {} {}", t.status, t.error.clone().unwrap_or_default())
                 })
@@ -115,10 +115,10 @@ impl Rush {
             rush_id: d.rush.rush_id.clone(),
             repo: d.rush.repo.clone(),
             feature: d.feature.clone(),
-            state: d.rush.state.clone(),
+            state: d.rush.state.to_string(),
             current_level: d.current_level,
             total_levels: self.graph.max_level(),
-            mode: d.rush.mode.clone(),
+            mode: d.rush.mode.to_string(),
             tasks,
             workers,
             levels,
@@ -148,13 +148,13 @@ impl Rush {
             rush_id: self.doc.rush.rush_id.clone(),
             repo: self.doc.rush.repo.clone(),
             feature: self.doc.feature.clone(),
-            state: self.doc.rush.state.clone(),
+            state: self.doc.rush.state.to_string(),
             tasks_total: self.doc.tasks.len() as u32,
             tasks_complete: self
                 .doc
                 .tasks
                 .values()
-                .filter(|t| t.status == "complete")
+                .filter(|t| t.status == TaskStatus::Complete)
                 .count() as u32,
             started_at: self.doc.started_at.clone(),
         }

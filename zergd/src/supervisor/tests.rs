@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
 use serde_json::{Value, json};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
@@ -89,7 +90,7 @@ impl H {
         let meta = RushMeta {
             rush_id: RUSH_ID.into(),
             repo: "/nonexistent/repo".into(),
-            mode: "subprocess".into(),
+            mode: Mode::Subprocess,
             workers,
             base_branch: "main".into(),
             base_commit: "base".into(),
@@ -418,10 +419,10 @@ fn happy_path_runs_level_by_level_and_completes() {
     );
     let fx = h.start();
     assert_eq!(fx.spawn, vec![(0, 1), (1, 1)]);
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
     assert_eq!(h.r.doc.current_level, 1);
-    assert_eq!(h.r.doc.levels["1"].status, "running");
-    assert_eq!(h.r.doc.levels["2"].status, "pending");
+    assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Running);
+    assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Pending);
 
     let a = h.join(0).expect("worker 0 gets a task");
     let b = h.join(1).expect("worker 1 gets a task");
@@ -431,16 +432,16 @@ fn happy_path_runs_level_by_level_and_completes() {
     assert_eq!(a.attempt, 1);
     assert_eq!(a.base_commit, "base");
     assert_eq!(a.files_create, vec!["src/a-l1-001.rs".to_string()]);
-    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::InProgress);
     assert_eq!(h.task("A-L1-001").worker_id, Some(0));
-    assert_eq!(h.worker(0).status, "running");
+    assert_eq!(h.worker(0).status, WorkerStatus::Running);
     assert_eq!(h.worker(0).current_task.as_deref(), Some("A-L1-001"));
     // Level 2 is not leasable while level 1 is open.
     assert_eq!(h.r.ready_tasks(), vec!["A-L1-003".to_string()]);
 
     let fx = h.complete(0, &a);
     assert!(fx.merge.is_none(), "level 1 still has open tasks");
-    assert_eq!(h.task("A-L1-001").status, "complete");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Complete);
     assert_eq!(h.task("A-L1-001").commit.as_deref(), Some("c-A-L1-001"));
     assert_eq!(h.worker(0).accepted_head, "c-A-L1-001");
     h.lease(0);
@@ -458,8 +459,8 @@ fn happy_path_runs_level_by_level_and_completes() {
         h.reply(1).is_none(),
         "nothing of level 1 is ready and level 2 is not open"
     );
-    assert_eq!(h.task("A-L2-001").status, "pending");
-    assert_eq!(h.task("A-L2-002").status, "pending");
+    assert_eq!(h.task("A-L2-001").status, TaskStatus::Pending);
+    assert_eq!(h.task("A-L2-002").status, TaskStatus::Pending);
 
     let fx = h.complete(0, &c);
     let job = fx
@@ -475,19 +476,19 @@ fn happy_path_runs_level_by_level_and_completes() {
         heads,
         vec![(0, "c-A-L1-003".to_string()), (1, "c-A-L1-002".to_string())]
     );
-    assert_eq!(h.r.doc.levels["1"].merge_status, "merging");
+    assert_eq!(h.r.doc.levels["1"].merge_status, MergeStatus::Merging);
     h.lease(0);
     assert!(h.reply(0).is_none(), "no dispatch while the level merges");
     assert!(h.reply(1).is_none(), "no dispatch while the level merges");
 
     let fx = h.merge(1);
     assert!(fx.merge.is_none());
-    assert_eq!(h.r.doc.levels["1"].status, "complete");
-    assert_eq!(h.r.doc.levels["1"].merge_status, "complete");
+    assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Complete);
+    assert_eq!(h.r.doc.levels["1"].merge_status, MergeStatus::Complete);
     assert_eq!(h.r.doc.levels["1"].merge_commit.as_deref(), Some("sha-L1"));
     assert_eq!(h.r.doc.rush.staging_head, "sha-L1");
     assert_eq!(h.r.doc.current_level, 2);
-    assert_eq!(h.r.doc.levels["2"].status, "running");
+    assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Running);
     // Both parked workers get level 2 work in the same call, based on the merged staging.
     let d = h.leased(0);
     let e = h.leased(1);
@@ -502,13 +503,18 @@ fn happy_path_runs_level_by_level_and_completes() {
     h.lease(1);
 
     let fx = h.merge(2);
-    assert_eq!(h.r.state(), "complete");
+    assert_eq!(h.r.state(), RushState::Complete);
     assert!(h.r.is_terminal());
     assert_eq!(h.r.doc.rush.reason, "");
     assert_eq!(h.r.doc.error, None);
-    assert_eq!(h.r.doc.levels["2"].status, "complete");
+    assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Complete);
     assert_eq!(h.r.doc.rush.staging_head, "sha-L2");
-    assert!(h.r.doc.tasks.values().all(|t| t.status == "complete"));
+    assert!(
+        h.r.doc
+            .tasks
+            .values()
+            .all(|t| t.status == TaskStatus::Complete)
+    );
     assert!(fx.cleanup);
     assert!(fx.stop.is_empty(), "the end of a rush drains workers");
     assert_eq!(drained(&fx), vec![0, 1]);
@@ -520,7 +526,7 @@ fn happy_path_runs_level_by_level_and_completes() {
     // Exit 0 because no work is left: done, not respawned.
     let fx = h.exit(0, ExitInfo::Code(0));
     assert!(fx.spawn.is_empty());
-    assert_eq!(h.worker(0).status, "done");
+    assert_eq!(h.worker(0).status, WorkerStatus::Done);
     assert_eq!(h.r.doc.rush.resilience.worker_respawns, 0);
     assert!(h.tick().spawn.is_empty(), "a finished rush has no timers");
 }
@@ -547,7 +553,7 @@ fn work_stealing_gives_a_free_worker_the_next_ready_task_at_once() {
         h.lease(0);
         t = h.leased(0);
         assert_eq!(t.id, next);
-        assert_eq!(h.task("A-L1-002").status, "in_progress");
+        assert_eq!(h.task("A-L1-002").status, TaskStatus::InProgress);
         assert_eq!(h.task("A-L1-002").worker_id, Some(1));
     }
     h.complete(0, &t);
@@ -691,7 +697,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
         let fx = h.fail(0, &t, "verification_failed");
         assert!(fx.merge.is_none());
         let ts = h.task("A-L1-001");
-        assert_eq!(ts.status, "waiting_retry");
+        assert_eq!(ts.status, TaskStatus::WaitingRetry);
         assert_eq!(ts.retry_count, attempt);
         assert!(
             ts.error
@@ -701,7 +707,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
         );
         assert_eq!(ts.lease_id, None);
         assert!(ts.next_retry_at.is_some());
-        assert_eq!(h.worker(0).status, "ready");
+        assert_eq!(h.worker(0).status, WorkerStatus::Ready);
         // Backoff 30 s · 2^attempt (config defaults), ±10 %.
         let due = h.r.rt_tasks["A-L1-001"].retry_due.expect("retry scheduled");
         assert_jittered(due - h.now, 30.0 * 2f64.powi(attempt as i32));
@@ -709,7 +715,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
         assert!(h.reply(0).is_none(), "not leasable during the backoff");
         h.advance_to(due - Duration::from_secs(1));
         h.tick();
-        assert_eq!(h.task("A-L1-001").status, "waiting_retry");
+        assert_eq!(h.task("A-L1-001").status, TaskStatus::WaitingRetry);
         assert!(h.reply(0).is_none(), "not leasable during the backoff");
         h.advance_to(due);
         h.tick();
@@ -722,7 +728,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
     // The third failure exhausts retry_attempts (2).
     h.fail(0, &t, "verification_failed");
     let ts = h.task("A-L1-001");
-    assert_eq!(ts.status, "failed");
+    assert_eq!(ts.status, TaskStatus::Failed);
     assert_eq!(ts.retry_count, 3);
     assert!(
         ts.error
@@ -731,12 +737,16 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
             .contains("failed after 3 attempts")
     );
     for dependent in ["A-L2-001", "A-L3-001"] {
-        assert_eq!(h.task(dependent).status, "blocked", "{dependent}");
+        assert_eq!(h.task(dependent).status, TaskStatus::Blocked, "{dependent}");
         assert_eq!(h.task(dependent).blocked_by, vec!["A-L1-001".to_string()]);
     }
-    assert_eq!(h.task("A-L2-002").status, "pending");
+    assert_eq!(h.task("A-L2-002").status, TaskStatus::Pending);
     assert!(!h.r.rt_tasks.contains_key("A-L1-001"));
-    assert_eq!(h.r.state(), "running", "independent work is still running");
+    assert_eq!(
+        h.r.state(),
+        RushState::Running,
+        "independent work is still running"
+    );
 
     // Independent tasks go on: level 1 merges what completed, then A-L2-002 runs.
     h.lease(0);
@@ -745,17 +755,21 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
     assert_eq!(fx.merge.expect("level 1 merge").level, 1);
     h.lease(1);
     h.merge(1);
-    assert_eq!(h.r.doc.levels["1"].status, "failed");
+    assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Failed);
     assert_eq!(h.r.doc.current_level, 2);
     let t2 = h.leased(0);
     assert_eq!(t2.id, "A-L2-002");
     assert!(h.reply(1).is_none(), "the blocked A-L2-001 is never leased");
-    assert_eq!(h.task("A-L2-001").status, "blocked");
+    assert_eq!(h.task("A-L2-001").status, TaskStatus::Blocked);
 
     let fx = h.complete(0, &t2);
     assert_eq!(fx.merge.expect("level 2 merge").level, 2);
     let fx = h.merge(2);
-    assert_eq!(h.r.state(), "failed", "level 3 holds only blocked tasks");
+    assert_eq!(
+        h.r.state(),
+        RushState::Failed,
+        "level 3 holds only blocked tasks"
+    );
     let reason = &h.r.doc.rush.reason;
     assert!(reason.contains("A-L1-001"), "{reason}");
     assert!(reason.contains("2 blocked"), "{reason}");
@@ -786,11 +800,11 @@ fn permanent_failure_ends_the_rush_at_once_when_nothing_else_can_run() {
     assert!(h.join(1).is_none());
     let fx = h.fail(0, &t, "verification_failed");
     // The same call ends the rush: no waiting for timers or retries of blocked tasks.
-    assert_eq!(h.r.state(), "failed");
-    assert_eq!(h.task("A-L1-001").status, "failed");
-    assert_eq!(h.task("A-L2-001").status, "blocked");
-    assert_eq!(h.task("A-L3-001").status, "blocked");
-    assert_eq!(h.r.doc.levels["1"].status, "failed");
+    assert_eq!(h.r.state(), RushState::Failed);
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Failed);
+    assert_eq!(h.task("A-L2-001").status, TaskStatus::Blocked);
+    assert_eq!(h.task("A-L3-001").status, TaskStatus::Blocked);
+    assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Failed);
     assert!(h.r.doc.rush.reason.contains("A-L1-001"));
     assert!(!h.r.doc.rush.finished_at.is_empty());
     assert!(fx.merge.is_none(), "nothing completed, nothing to merge");
@@ -809,7 +823,7 @@ fn failed_spawns_retry_with_exponential_backoff_then_the_slot_gives_up() {
     for attempt in 1..=3u32 {
         let fx = h.spawn_failed(0, "docker: connection refused");
         assert!(fx.spawn.is_empty(), "no immediate retry");
-        assert_eq!(h.worker(0).status, "backoff");
+        assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
         assert_eq!(h.worker(0).spawn_failures, attempt);
         assert!(
             h.reason(0).contains(&format!(
@@ -830,20 +844,20 @@ fn failed_spawns_retry_with_exponential_backoff_then_the_slot_gives_up() {
         h.advance_to(due);
         let fx = h.tick();
         assert_eq!(fx.spawn, vec![(0, u64::from(attempt) + 1)]);
-        assert_eq!(h.worker(0).status, "starting");
-        assert_eq!(h.r.state(), "running");
+        assert_eq!(h.worker(0).status, WorkerStatus::Starting);
+        assert_eq!(h.r.state(), RushState::Running);
     }
     // The fourth failure (three retries spent) gives the slot up.
     let fx = h.spawn_failed(0, "docker: connection refused");
     assert!(fx.spawn.is_empty());
-    assert_eq!(h.worker(0).status, "gave_up");
+    assert_eq!(h.worker(0).status, WorkerStatus::GaveUp);
     let reason = h.reason(0);
     assert!(reason.contains("spawn failed 4 times"), "{reason}");
     assert!(reason.contains("docker: connection refused"), "{reason}");
     assert!(reason.contains("zergctl retry feat"), "{reason}");
     assert_eq!(h.r.doc.rush.resilience.spawn_retries, 3);
     // Every slot gave up with work left: the rush fails and says why.
-    assert_eq!(h.r.state(), "failed");
+    assert_eq!(h.r.state(), RushState::Failed);
     let why = &h.r.doc.rush.reason;
     assert!(
         why.contains("no worker can run the remaining tasks"),
@@ -866,7 +880,7 @@ fn a_spawn_that_fails_twice_then_succeeds_runs_work() {
     assert_eq!(h.generation(0), 3);
     let t = h.join(0).expect("task");
     assert_eq!(t.id, "A-L1-001");
-    assert_eq!(h.worker(0).status, "running");
+    assert_eq!(h.worker(0).status, WorkerStatus::Running);
     assert_eq!(
         h.worker(0).spawn_failures,
         0,
@@ -884,7 +898,7 @@ fn dying_before_registering_or_never_registering_counts_as_a_failed_spawn() {
     h.spawned(0);
     let fx = h.exit(0, ExitInfo::Code(1));
     assert!(fx.spawn.is_empty(), "retried with backoff, not at once");
-    assert_eq!(h.worker(0).status, "backoff");
+    assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
     assert_eq!(h.worker(0).spawn_failures, 1);
     assert!(
         h.reason(0).contains("before it registered"),
@@ -904,14 +918,14 @@ fn dying_before_registering_or_never_registering_counts_as_a_failed_spawn() {
     h.advance(Duration::from_secs(1));
     let fx = h.tick();
     assert_eq!(stopped(&fx), vec![0], "the silent process is killed");
-    assert_eq!(h.worker(0).status, "backoff");
+    assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
     assert_eq!(h.worker(0).spawn_failures, 2);
     assert_eq!(h.r.doc.rush.resilience.spawn_retries, 2);
     // The exit of the killed process is not counted a second time.
     let fx = h.exit(0, ExitInfo::Signal(15));
     assert!(fx.spawn.is_empty());
     assert_eq!(h.worker(0).spawn_failures, 2);
-    assert_eq!(h.worker(0).status, "backoff");
+    assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
 }
 
 // === 6: FR-5 crash reassignment ===
@@ -942,7 +956,7 @@ fn crashed_workers_task_is_reassigned_at_once_and_the_slot_respawned() {
                 .starts_with("worker_crash")
         );
         // Reassigned to the healthy parked worker in the same call.
-        assert_eq!(ts.status, "in_progress");
+        assert_eq!(ts.status, TaskStatus::InProgress);
         assert_eq!(ts.worker_id, Some(1));
         let t2 = h.leased(1);
         assert_eq!(t2.id, t.id);
@@ -955,7 +969,7 @@ fn crashed_workers_task_is_reassigned_at_once_and_the_slot_respawned() {
         assert!(h.logged("task_reassign"));
         // The crashed slot is respawned at once.
         assert_eq!(fx.spawn, vec![(0, 2)]);
-        assert_eq!(h.worker(0).status, "starting");
+        assert_eq!(h.worker(0).status, WorkerStatus::Starting);
         assert_eq!(h.worker(0).current_task, None);
         assert_eq!(h.worker(0).respawns, 1);
         assert_eq!(h.worker(0).respawn_times_ms.len(), 1);
@@ -970,7 +984,7 @@ fn crashed_task_waits_for_a_worker_when_none_is_healthy() {
     h.start();
     h.join(0).expect("task");
     let fx = h.exit(0, ExitInfo::Signal(9));
-    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     assert_eq!(h.task("A-L1-001").lease_id, None);
     assert_eq!(fx.spawn, vec![(0, 2)]);
     let t = h.join(0).expect("the respawned worker gets the task");
@@ -995,7 +1009,7 @@ fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
             assert_eq!(fx.spawn, vec![(0, 2)], "the first respawn is immediate");
         } else {
             assert!(fx.spawn.is_empty(), "later respawns back off");
-            assert_eq!(h.worker(0).status, "backoff");
+            assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
             let due = h.r.rt_workers[&0].spawn_due.expect("respawn scheduled");
             assert_jittered(due - h.now, (2.0 * 2f64.powi(crash as i32 - 1)).min(30.0));
             h.advance_to(due);
@@ -1007,13 +1021,17 @@ fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
     h.register(0);
     let fx = h.exit(0, ExitInfo::Signal(9));
     assert!(fx.spawn.is_empty());
-    assert_eq!(h.worker(0).status, "gave_up");
+    assert_eq!(h.worker(0).status, WorkerStatus::GaveUp);
     let reason = h.reason(0);
     assert!(reason.contains("respawned 5 times within 600s"), "{reason}");
     assert!(reason.contains("crash loop"), "{reason}");
     assert_eq!(h.r.doc.rush.resilience.worker_respawns, 5);
     assert!(h.logged("worker_gave_up"));
-    assert_eq!(h.r.state(), "failed", "no slot is left to run the task");
+    assert_eq!(
+        h.r.state(),
+        RushState::Failed,
+        "no slot is left to run the task"
+    );
     assert!(h.r.doc.rush.reason.contains("crash loop"));
     h.advance(Duration::from_secs(120));
     assert!(h.tick().spawn.is_empty());
@@ -1047,9 +1065,9 @@ fn respawns_older_than_the_window_are_forgotten() {
     h.register(0);
     let fx = h.exit(0, ExitInfo::Signal(9));
     assert_eq!(fx.spawn.len(), 1, "respawned at once, not given up");
-    assert_eq!(h.worker(0).status, "starting");
+    assert_eq!(h.worker(0).status, WorkerStatus::Starting);
     assert_eq!(h.worker(0).respawn_times_ms.len(), 1);
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
 }
 
 #[test]
@@ -1060,14 +1078,14 @@ fn exit_three_blocks_the_slot_and_fails_the_rush_with_the_reason() {
     let mut req = h.fail_req(0, &t, "agent_missing");
     req.message = "agent command 'claude' cannot be run (No such file or directory)".into();
     h.fail_with(req);
-    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     assert_eq!(h.task("A-L1-001").retry_count, 0);
     let fx = h.exit(0, ExitInfo::Code(3));
     assert!(fx.spawn.is_empty(), "a blocked worker is not respawned");
-    assert_eq!(h.worker(0).status, "blocked");
+    assert_eq!(h.worker(0).status, WorkerStatus::Blocked);
     assert!(h.reason(0).contains("cannot be run"), "{}", h.reason(0));
     assert_eq!(h.worker(0).last_exit.as_deref(), Some("3 (blocked)"));
-    assert_eq!(h.r.state(), "failed");
+    assert_eq!(h.r.state(), RushState::Failed);
     assert!(h.r.doc.rush.reason.contains("cannot be run"));
 }
 
@@ -1079,7 +1097,7 @@ fn checkpoint_exit_requeues_the_task_and_respawns_without_counting() {
     // Exit 2 while the task is still held (its Fail report was lost).
     let fx = h.exit(0, ExitInfo::Code(2));
     let ts = h.task("A-L1-001");
-    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.crashes, 0, "a checkpoint is not a crash");
     assert_eq!(fx.spawn, vec![(0, 2)]);
@@ -1109,13 +1127,13 @@ fn task_without_output_or_step_change_times_out() {
         h.heartbeat(0, Some(&t), "implementing", 0);
         let fx = h.tick();
         assert!(fx.stop.is_empty());
-        assert_eq!(h.task("A-L1-001").status, "in_progress");
+        assert_eq!(h.task("A-L1-001").status, TaskStatus::InProgress);
     }
     h.advance(Duration::from_secs(1));
     h.heartbeat(0, Some(&t), "implementing", 0);
     let fx = h.tick();
     let ts = h.task("A-L1-001");
-    assert_eq!(ts.status, "waiting_retry");
+    assert_eq!(ts.status, TaskStatus::WaitingRetry);
     assert_eq!(ts.retry_count, 1);
     assert!(ts.error.as_deref().unwrap_or("").contains("timeout"));
     assert_eq!(stopped(&fx), vec![0], "the hung worker is stopped");
@@ -1148,7 +1166,7 @@ fn agent_output_keeps_a_long_task_alive() {
         let fx = h.tick();
         assert!(fx.stop.is_empty());
     }
-    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::InProgress);
     assert_eq!(h.task("A-L1-001").retry_count, 0);
     assert_eq!(h.r.doc.rush.resilience.stale_detections, 0);
     // Once the output stops, the timeout applies again.
@@ -1156,7 +1174,7 @@ fn agent_output_keeps_a_long_task_alive() {
         h.advance(Duration::from_secs(1));
         h.tick();
     }
-    assert_eq!(h.task("A-L1-001").status, "waiting_retry");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::WaitingRetry);
 }
 
 // === 9: FR-3 stale workers and the mass-staleness brake ===
@@ -1179,11 +1197,11 @@ fn silent_worker_goes_stale_and_its_task_moves_to_a_healthy_worker() {
         h.heartbeat(2, None, "idle", 0);
         let fx = h.tick();
         assert!(fx.stop.is_empty(), "not stale at {s}s");
-        assert_eq!(h.worker(0).status, "running");
+        assert_eq!(h.worker(0).status, WorkerStatus::Running);
     }
     h.advance_to(t0 + Duration::from_secs(121));
     let fx = h.tick();
-    assert_eq!(h.worker(0).status, "stale");
+    assert_eq!(h.worker(0).status, WorkerStatus::Stale);
     assert!(h.reason(0).contains("no heartbeat"), "{}", h.reason(0));
     assert_eq!(stopped(&fx), vec![0], "the stale worker is killed");
     assert_eq!(h.r.doc.rush.resilience.stale_detections, 1);
@@ -1232,10 +1250,10 @@ fn mass_staleness_rechecks_once_before_failing_workers() {
     // 2 of 4 live workers look stale at once: suspect zergd, fail nobody yet.
     let fx = h.tick();
     assert!(fx.stop.is_empty());
-    assert_eq!(h.worker(0).status, "running");
-    assert_eq!(h.worker(1).status, "running");
+    assert_eq!(h.worker(0).status, WorkerStatus::Running);
+    assert_eq!(h.worker(1).status, WorkerStatus::Running);
     assert_eq!(h.r.doc.rush.resilience.stale_detections, 0);
-    assert_eq!(h.task("A-L1-001").status, "in_progress");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::InProgress);
     assert_eq!(h.task("A-L1-001").worker_id, Some(0));
     assert!(h.logged("heartbeat_brake"));
     assert_eq!(h.r.brake_at, Some(h.now));
@@ -1246,13 +1264,13 @@ fn mass_staleness_rechecks_once_before_failing_workers() {
     h.tick();
     assert_eq!(
         h.worker(0).status,
-        "running",
+        WorkerStatus::Running,
         "120 s since the brake is not over"
     );
     h.advance_to(t0 + Duration::from_secs(242));
     let fx = h.tick();
-    assert_eq!(h.worker(0).status, "stale");
-    assert_eq!(h.worker(1).status, "stale");
+    assert_eq!(h.worker(0).status, WorkerStatus::Stale);
+    assert_eq!(h.worker(1).status, WorkerStatus::Stale);
     assert_eq!(stopped(&fx), vec![0, 1]);
     assert_eq!(h.r.doc.rush.resilience.stale_detections, 2);
     assert_eq!(h.r.doc.rush.resilience.task_reassignments, 2);
@@ -1287,19 +1305,19 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     req.retry_at_ms = until;
     h.fail_with(req);
     let ts = h.task("A-L1-001");
-    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.lease_id, None);
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
     assert!(!h.r.status().rate_limited_until.is_empty());
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
 
     h.lease(0);
     assert!(h.reply(0).is_none(), "no new work while rate-limited");
     h.advance(Duration::from_secs(30));
     h.tick();
     assert!(h.reply(0).is_none(), "no new work while rate-limited");
-    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     h.advance(Duration::from_secs(31));
     h.tick();
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, 0);
@@ -1327,7 +1345,7 @@ fn reconcile_requeues_tasks_whose_worker_is_gone() {
     let n = h.r.reconcile(false, h.wall);
     assert!(n >= 1);
     let ts = h.task("A-L1-001");
-    assert_eq!(ts.status, "pending");
+    assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.lease_id, None);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.crashes, 1);
@@ -1340,7 +1358,7 @@ fn reconcile_requeues_tasks_whose_worker_is_gone() {
     assert_eq!(h.worker(0).current_task, None);
     assert_eq!(
         h.task("A-L1-002").status,
-        "in_progress",
+        TaskStatus::InProgress,
         "a live worker's task stays"
     );
     assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, u64::from(n));
@@ -1356,13 +1374,17 @@ fn reconcile_recalculates_level_status_and_fills_in_missing_levels() {
         config(|_| {}),
     );
     h.start();
-    h.r.doc.levels.get_mut("1").expect("level 1").status = "complete".into();
-    h.r.doc.levels.get_mut("2").expect("level 2").status = "failed".into();
+    h.r.doc.levels.get_mut("1").expect("level 1").status = LevelStatus::Complete;
+    h.r.doc.levels.get_mut("2").expect("level 2").status = LevelStatus::Failed;
     h.r.doc.tasks.get_mut("A-L2-001").expect("task").level = None;
     let n = h.r.reconcile(true, h.wall);
     assert_eq!(n, 3);
-    assert_eq!(h.r.doc.levels["1"].status, "running", "the current level");
-    assert_eq!(h.r.doc.levels["2"].status, "pending");
+    assert_eq!(
+        h.r.doc.levels["1"].status,
+        LevelStatus::Running,
+        "the current level"
+    );
+    assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Pending);
     assert_eq!(h.task("A-L2-001").level, Some(2), "parsed from *-L2-*");
     assert_eq!(h.r.doc.rush.resilience.reconcile_fixes, 3);
 }
@@ -1397,10 +1419,10 @@ fn stop_requeues_running_tasks_and_stops_every_live_worker() {
     assert!(h.join(2).is_none());
     let (fx, n) = h.stop(false);
     assert_eq!(n, 3);
-    assert_eq!(h.r.state(), "stopped");
+    assert_eq!(h.r.state(), RushState::Stopped);
     assert_eq!(h.r.doc.rush.reason, "stopped by user");
     for id in ["A-L1-001", "A-L1-002"] {
-        assert_eq!(h.task(id).status, "pending");
+        assert_eq!(h.task(id).status, TaskStatus::Pending);
         assert_eq!(h.task(id).lease_id, None);
     }
     assert_eq!(stopped(&fx), vec![0, 1, 2]);
@@ -1410,13 +1432,13 @@ fn stop_requeues_running_tasks_and_stops_every_live_worker() {
             .all(|(_, _, g)| *g == Duration::from_secs(10))
     );
     assert!(h.done(2).contains("stopped"));
-    assert_eq!(h.worker(0).status, "stopping");
+    assert_eq!(h.worker(0).status, WorkerStatus::Stopping);
     // Late reports of the stopped work are refused; exits are not respawned.
     let req = h.complete_req(0, &a);
     assert!(h.try_complete(req).is_err());
     let fx = h.exit(0, ExitInfo::Signal(15));
     assert!(fx.spawn.is_empty());
-    assert_eq!(h.worker(0).status, "exited");
+    assert_eq!(h.worker(0).status, WorkerStatus::Exited);
     assert!(h.tick().spawn.is_empty());
 
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
@@ -1440,23 +1462,23 @@ fn retry_after_failure_requeues_failed_and_blocked_tasks_and_restarts() {
     h.start();
     let t = h.join(0).expect("task");
     h.fail(0, &t, "verification_failed");
-    assert_eq!(h.r.state(), "failed");
+    assert_eq!(h.r.state(), RushState::Failed);
     assert!(h.exit(0, ExitInfo::Signal(15)).spawn.is_empty());
 
     let (fx, ids) = h.retry();
     assert_eq!(ids, vec!["A-L1-001".to_string(), "A-L2-001".to_string()]);
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
     assert_eq!(h.r.doc.rush.reason, "");
     assert_eq!(h.r.doc.error, None);
     for id in ["A-L1-001", "A-L2-001"] {
-        assert_eq!(h.task(id).status, "pending");
+        assert_eq!(h.task(id).status, TaskStatus::Pending);
         assert!(h.task(id).blocked_by.is_empty());
         assert_eq!(h.task(id).error, None);
     }
     assert_eq!(h.task("A-L1-001").retry_count, 1, "kept without --reset");
     assert_eq!(h.r.doc.current_level, 1);
-    assert_eq!(h.r.doc.levels["1"].status, "running");
-    assert_eq!(h.r.doc.levels["2"].status, "pending");
+    assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Running);
+    assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Pending);
     assert_eq!(fx.spawn, vec![(0, 2)]);
     let t = h.join(0).expect("task");
     assert_eq!(t.id, "A-L1-001");
@@ -1475,7 +1497,7 @@ fn retry_clears_finished_at() {
     h.fail(0, &t, "verification_failed");
     assert!(!h.r.doc.rush.finished_at.is_empty());
     h.retry();
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
     assert_eq!(h.r.status().finished_at, "");
 }
 
@@ -1492,7 +1514,7 @@ fn resume_right_after_stop_respawns_workers_when_their_exits_arrive() {
     h.stop(false);
     // `zergctl rush feat` again within the stop grace: the old processes are still exiting.
     h.retry();
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
     let mut spawned: BTreeSet<u32> = BTreeSet::new();
     for w in [0, 1] {
         spawned.extend(
@@ -1519,7 +1541,7 @@ fn exit_zero_with_work_left_does_not_stall_the_rush() {
     h.start();
     h.join(0).expect("task");
     let mut respawned = !h.exit(0, ExitInfo::Code(0)).spawn.is_empty();
-    assert_eq!(h.task("A-L1-001").status, "pending");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     for _ in 0..60 {
         h.advance(Duration::from_secs(1));
         respawned |= !h.tick().spawn.is_empty();
@@ -1564,7 +1586,7 @@ fn conflicted() -> H {
 #[test]
 fn merge_conflict_pauses_and_names_files_and_tasks() {
     let mut h = conflicted();
-    assert_eq!(h.r.state(), "paused");
+    assert_eq!(h.r.state(), RushState::Paused);
     assert!(h.r.doc.paused);
     let reason = h.r.doc.rush.reason.clone();
     assert!(reason.contains("src/a-l1-002.rs"), "{reason}");
@@ -1572,12 +1594,12 @@ fn merge_conflict_pauses_and_names_files_and_tasks() {
     assert!(!reason.contains("A-L1-001"), "{reason}");
     assert!(reason.contains("zergctl retry feat"), "{reason}");
     let ls = &h.r.doc.levels["1"];
-    assert_eq!(ls.merge_status, "conflict");
+    assert_eq!(ls.merge_status, MergeStatus::Conflict);
     assert_eq!(ls.conflicts, vec!["src/a-l1-002.rs".to_string()]);
     assert_eq!(h.r.doc.current_level, 1);
     assert!(h.reply(0).is_none(), "no work is handed out while paused");
     assert!(h.tick().merge.is_none());
-    assert_eq!(h.task("A-L2-001").status, "pending");
+    assert_eq!(h.task("A-L2-001").status, TaskStatus::Pending);
 }
 
 #[test]
@@ -1585,7 +1607,7 @@ fn retry_after_merge_conflict_reruns_the_merge() {
     let mut h = conflicted();
     let (fx, ids) = h.retry();
     assert!(ids.is_empty(), "no task needed requeueing");
-    assert_eq!(h.r.state(), "running");
+    assert_eq!(h.r.state(), RushState::Running);
     assert_eq!(h.r.doc.current_level, 1, "level 1 is not merged yet");
     let job = fx.merge.expect("the conflicted level is merged again");
     assert_eq!(job.level, 1);
@@ -1593,7 +1615,7 @@ fn retry_after_merge_conflict_reruns_the_merge() {
         h.reply(0).is_none(),
         "level 2 must wait for the level 1 merge"
     );
-    assert_eq!(h.task("A-L2-001").status, "pending");
+    assert_eq!(h.task("A-L2-001").status, TaskStatus::Pending);
 }
 
 // === 14: checkpoints ===
@@ -1625,7 +1647,7 @@ fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
     assert!(h.worker(0).respawn_times_ms.is_empty());
     h.complete(1, &t2);
     assert_eq!(h.task("A-L1-001").resume_from, None);
-    assert_eq!(h.task("A-L1-001").status, "complete");
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Complete);
 }
 
 #[test]
@@ -1659,6 +1681,6 @@ fn an_exit_reported_before_its_spawn_counts_once() {
         h.r.rt_workers[&w].spawned.is_none(),
         "a dead process must not be tracked as live"
     );
-    assert_eq!(h.r.doc.workers["0"].status, "backoff");
+    assert_eq!(h.r.doc.workers["0"].status, WorkerStatus::Backoff);
     assert_eq!(h.r.doc.workers["0"].spawn_failures, 1);
 }
