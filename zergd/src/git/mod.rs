@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+pub mod objects;
+
 /// A git command that failed.
 #[derive(Debug, thiserror::Error)]
 #[error("git {args} failed in {dir}: {stderr}")]

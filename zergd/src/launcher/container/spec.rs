@@ -1,0 +1,719 @@
+//! What a worker container looks like, as pure functions of the worker's spec and the host's
+//! facts: its name, environment, mounts, limits, labels and the full create request. Nothing here
+//! talks to the engine or changes the host, so all of it is unit-tested.
+
+use super::*;
+
+/// The container's name: feature-scoped and unique per generation.
+pub fn container_name(spec: &WorkerSpec) -> String {
+    let feature: String = spec
+        .feature
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!(
+        "zerg-{feature}-worker-{}-g{}",
+        spec.worker_id, spec.generation
+    )
+}
+
+pub(crate) fn image_of(spec: &WorkerSpec) -> String {
+    if spec.container.image.trim().is_empty() {
+        DEFAULT_IMAGE.to_string()
+    } else {
+        spec.container.image.trim().to_string()
+    }
+}
+
+/// Where a worker worktree's git metadata lives on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitLayout {
+    /// The worktree's admin dir (`<common>/worktrees/<name>`), as the host's git knows it.
+    pub admin_dir: PathBuf,
+    /// The repository's common git directory (usually `<repo>/.git`).
+    pub common_dir: PathBuf,
+}
+
+impl GitLayout {
+    /// Finds the layout from the repository's side: its common git dir, and the admin dir whose
+    /// `gitdir` file names `<worktree>/.git`. Nothing is read from the worktree itself, which a
+    /// container can write: a `.git` file a worker rewrote never redirects zergd.
+    pub fn of(repo: &Path, worktree: &Path) -> io::Result<Self> {
+        let common_dir = crate::git::objects::common_dir_of(repo)?;
+        let want = normalize(&worktree.join(".git"));
+        let admins = common_dir.join("worktrees");
+        for entry in fs::read_dir(&admins)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", admins.display())))?
+            .flatten()
+        {
+            let gitdir = fs::read_to_string(entry.path().join("gitdir")).unwrap_or_default();
+            if normalize(Path::new(gitdir.trim())) == want {
+                return Ok(Self {
+                    admin_dir: normalize(&entry.path()),
+                    common_dir,
+                });
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} is not a worktree of {}",
+                worktree.display(),
+                repo.display()
+            ),
+        ))
+    }
+
+    /// The admin dir's name (`worker-<N>` unless git had to pick another).
+    pub(crate) fn admin_name(&self) -> String {
+        self.admin_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "worker".into())
+    }
+}
+
+/// Resolves `.` and `..` without touching the filesystem.
+pub(crate) fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// The private git directory of worker `worker_id` (`<common>/zerg/worker-<N>`), mounted in
+/// its container in place of the real common git dir. zergd rebuilds it at every spawn: copies
+/// of `config`, `HEAD` and `info/exclude`, a snapshot of every ref as `packed-refs`, the
+/// worktree's own admin dir (`worktrees/<name>`: `HEAD`, `commondir`, `gitdir`, the sparse
+/// checkout that keeps the spec out of git's hands), and `objects/` where the container's new
+/// objects land (the real store, read-only, is its alternate). Everything git writes inside the
+/// container — commits, the worker branch, other refs, the index — stays here; zergd moves the
+/// real worker branch itself once it has checked and accepted a reported commit.
+pub fn worker_git_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
+    common_dir
+        .join(WORKER_GIT_SUBDIR)
+        .join(format!("worker-{worker_id}"))
+}
+
+/// The private object directory of worker `worker_id` (see [`worker_git_dir`]).
+pub fn worker_object_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
+    worker_git_dir(common_dir, worker_id).join("objects")
+}
+
+/// The worker's own log directory (`.zerg/logs/worker-<N>`), the only part of `.zerg` a
+/// container can write: the agent keeps each task's CLI and verification output there.
+pub fn worker_log_dir(log_dir: &Path, worker_id: u32) -> PathBuf {
+    log_dir.join(format!("worker-{worker_id}"))
+}
+
+/// Everything about the host that shapes a worker container, gathered once per spawn (and
+/// built by hand in tests).
+#[derive(Debug, Clone)]
+pub struct HostFacts {
+    /// uid the agent runs as.
+    pub uid: u32,
+    /// gid the agent runs as.
+    pub gid: u32,
+    /// Whether zergd is root and the agent runs as [`UNPRIVILEGED_UID`] instead.
+    pub remapped: bool,
+    /// The worktree's git layout.
+    pub git: GitLayout,
+    /// Commit identity (`user.name`, `user.email`) as zergd's git sees it for the repository.
+    pub git_identity: (String, String),
+    /// The Claude config dir to mount at `/home/worker/.claude`, if any.
+    pub claude_dir: Option<PathBuf>,
+    /// `~/.claude.json`, if it exists.
+    pub claude_json: Option<PathBuf>,
+    /// Variables passed through from zergd's environment (`ANTHROPIC_API_KEY`, `FAKE_CLAUDE_*`).
+    pub passthrough: Vec<(String, String)>,
+    /// Host paths named by `FAKE_CLAUDE_*` variables, mounted at the same path.
+    pub test_paths: Vec<PathBuf>,
+}
+
+impl HostFacts {
+    /// Reads the facts from the host for `spec`.
+    pub fn gather(spec: &WorkerSpec) -> Result<Self, SpawnError> {
+        let git = GitLayout::of(&spec.repo, &spec.worktree)
+            .map_err(|e| SpawnError::new(e.to_string()))?;
+        for p in [&git.common_dir, &git.admin_dir] {
+            if let Some(r) = RESERVED.iter().find(|r| p.starts_with(r)) {
+                return Err(SpawnError::new(format!(
+                    "the repository's git directory {} lies under {r}, which the worker container needs for itself: move the repository",
+                    p.display()
+                )));
+            }
+        }
+        let config = fs::read_to_string(git.common_dir.join("config")).unwrap_or_default();
+        if config.to_ascii_lowercase().contains("reftable") {
+            return Err(SpawnError::new(
+                "the repository stores its refs as reftable, which container mode does not support: use --mode subprocess",
+            ));
+        }
+        let (uid, gid, remapped) = container_identity();
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let claude_dir = std::env::var_os("CLAUDE_CONFIG_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".claude")))
+            .filter(|p| p.is_dir());
+        let claude_json = home.map(|h| h.join(".claude.json")).filter(|p| p.is_file());
+        let mut passthrough = Vec::new();
+        let mut test_paths = Vec::new();
+        for (k, v) in std::env::vars() {
+            if k == "ANTHROPIC_API_KEY" && !v.is_empty() {
+                passthrough.push((k, v));
+            } else if k.starts_with("FAKE_CLAUDE_") {
+                if let Some(p) = test_path(&k, &v) {
+                    test_paths.push(p);
+                }
+                passthrough.push((k, v));
+            }
+        }
+        passthrough.sort();
+        test_paths.sort();
+        test_paths.dedup();
+        Ok(Self {
+            uid,
+            gid,
+            remapped,
+            git_identity: git_identity(&spec.repo, spec.worker_id),
+            git,
+            claude_dir,
+            claude_json,
+            passthrough,
+            test_paths,
+        })
+    }
+}
+
+/// A `FAKE_CLAUDE_*` variable naming an absolute host path (a test hook of the fake agent
+/// CLI): the path to mount at the same place inside. A missing `*_DIR` is created as a
+/// directory, any other missing path as an empty file (a log to append to) when its parent
+/// exists.
+pub(crate) fn test_path(var: &str, value: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(value);
+    if !p.is_absolute() || p.parent().is_none() {
+        return None;
+    }
+    if !p.exists() {
+        if var.ends_with("_DIR") {
+            fs::create_dir_all(&p).ok()?;
+        } else if p.parent().is_some_and(Path::is_dir) {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .ok()?;
+        }
+    }
+    p.exists().then_some(p)
+}
+
+/// The uid:gid the agent runs as, and whether it differs from zergd's own (zergd is root).
+pub fn container_identity() -> (u32, u32, bool) {
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    if uid == 0 {
+        (UNPRIVILEGED_UID, UNPRIVILEGED_UID, true)
+    } else {
+        (uid, if gid == 0 { UNPRIVILEGED_UID } else { gid }, false)
+    }
+}
+
+pub(crate) fn git_identity(repo: &Path, worker_id: u32) -> (String, String) {
+    let get = |key: &str| {
+        crate::git::git(repo, &["config", "--get", key])
+            .ok()
+            .filter(|s| !s.is_empty())
+    };
+    (
+        get("user.name").unwrap_or_else(|| format!("zerg worker {worker_id}")),
+        get("user.email").unwrap_or_else(|| format!("zerg-worker-{worker_id}@localhost")),
+    )
+}
+
+/// In-container path of the spec snapshot (FR-7).
+pub fn spec_dir_in_container(feature: &str) -> String {
+    format!("{WORKSPACE}/.gsd/specs/{feature}")
+}
+
+pub(crate) fn socket_in_container() -> String {
+    format!("{RUN_MOUNT}/{}", crate::worker_plane::PLANE_SOCKET_NAME)
+}
+
+/// The agent's environment: the subprocess worker's, with the paths it sees inside, plus git
+/// settings and credentials. `ZERG_STATE_DIR` is not set: nothing of `.zerg/state` is inside.
+pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
+    let inside: HashMap<&str, String> = HashMap::from([
+        (worker_env_names::WORKTREE, WORKSPACE.to_string()),
+        (
+            worker_env_names::SPEC_DIR,
+            spec_dir_in_container(&spec.feature),
+        ),
+        (worker_env_names::LOG_DIR, LOG_MOUNT.to_string()),
+        (worker_env_names::SOCKET, socket_in_container()),
+    ]);
+    let mut env: Vec<(String, String)> = crate::launcher::subprocess::worker_env(spec)
+        .into_iter()
+        .filter(|(k, _)| k != worker_env_names::STATE_DIR)
+        .map(|(k, v)| match inside.get(k.as_str()) {
+            Some(p) => (k, p.clone()),
+            None => (k, v),
+        })
+        .collect();
+    env.push(("HOME".into(), HOME_IN_IMAGE.into()));
+    if facts.claude_dir.is_some() {
+        env.push((
+            "CLAUDE_CONFIG_DIR".into(),
+            format!("{HOME_IN_IMAGE}/.claude"),
+        ));
+    }
+    let config = [
+        // The common git dir belongs to another uid (root, or the repo's owner).
+        ("safe.directory", "*".to_string()),
+        ("user.name", facts.git_identity.0.clone()),
+        ("user.email", facts.git_identity.1.clone()),
+        // gc would pack into the private object dir, for nothing.
+        ("gc.auto", "0".to_string()),
+        ("maintenance.auto", "false".to_string()),
+        // The spec is mounted read-only over its tracked files: a sparse checkout keeps git
+        // from ever writing or deleting them there (the patterns are in the private admin dir),
+        // and tells git their presence on disk is expected.
+        ("core.sparseCheckout", "true".to_string()),
+        ("core.sparseCheckoutCone", "false".to_string()),
+        ("sparse.expectFilesOutsideOfPatterns", "true".to_string()),
+    ];
+    env.push(("GIT_CONFIG_COUNT".into(), config.len().to_string()));
+    for (i, (k, v)) in config.iter().enumerate() {
+        env.push((format!("GIT_CONFIG_KEY_{i}"), k.to_string()));
+        env.push((format!("GIT_CONFIG_VALUE_{i}"), v.clone()));
+    }
+    env.extend(facts.passthrough.iter().cloned());
+    env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+pub(crate) fn bind(source: &Path, target: &str, read_only: bool) -> Mount {
+    Mount {
+        source: Some(source.to_string_lossy().to_string()),
+        target: Some(target.to_string()),
+        typ: Some(MountType::BIND),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn same_path(p: &Path, read_only: bool) -> Mount {
+    bind(p, &p.to_string_lossy(), read_only)
+}
+
+/// The container's bind mounts. The only writable ones are the worktree, the worker's private
+/// git dir and its own log dir (and the Claude login and test hooks when present).
+pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
+    let g = &facts.git;
+    let mut m = vec![
+        bind(&spec.worktree, WORKSPACE, false),
+        bind(&spec.spec_dir, &spec_dir_in_container(&spec.feature), true),
+        // The worker's private git dir where the real one is.
+        bind(
+            &worker_git_dir(&g.common_dir, spec.worker_id),
+            &g.common_dir.to_string_lossy(),
+            false,
+        ),
+        bind(&g.common_dir.join("objects"), SHARED_OBJECTS, true),
+        bind(
+            &worker_log_dir(&spec.log_dir, spec.worker_id),
+            LOG_MOUNT,
+            false,
+        ),
+        // The rush's worker-plane directory: one socket, the Worker service only.
+        bind(&parent_of(&spec.socket), RUN_MOUNT, true),
+    ];
+    if let Some(d) = &facts.claude_dir {
+        m.push(bind(d, &format!("{HOME_IN_IMAGE}/.claude"), false));
+    }
+    if let Some(f) = &facts.claude_json {
+        m.push(bind(f, &format!("{HOME_IN_IMAGE}/.claude.json"), false));
+    }
+    for p in &facts.test_paths {
+        m.push(same_path(p, false));
+    }
+    m
+}
+
+pub(crate) fn parent_of(p: &Path) -> PathBuf {
+    p.parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| p.to_path_buf())
+}
+
+/// Resource limits and hardening.
+pub fn host_config(spec: &WorkerSpec, facts: &HostFacts) -> HostConfig {
+    let c = &spec.container;
+    let network = if c.network.trim().is_empty() {
+        "none".to_string()
+    } else {
+        c.network.trim().to_string()
+    };
+    let memory = (c.memory_bytes > 0).then_some(c.memory_bytes);
+    HostConfig {
+        mounts: Some(container_mounts(spec, facts)),
+        network_mode: Some(network),
+        memory,
+        // No swap beyond the memory limit, so a runaway agent is OOM-killed (and reported).
+        memory_swap: memory,
+        nano_cpus: (c.cpus > 0.0).then(|| (c.cpus * 1e9).round() as i64),
+        pids_limit: (c.pids_limit > 0).then_some(c.pids_limit),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        privileged: Some(false),
+        init: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The labels that identify a worker container.
+pub fn container_labels(spec: &WorkerSpec, facts: &HostFacts) -> HashMap<String, String> {
+    HashMap::from([
+        (LABEL_RUSH.to_string(), spec.rush_id.clone()),
+        (LABEL_FEATURE.to_string(), spec.feature.clone()),
+        (LABEL_WORKER.to_string(), spec.worker_id.to_string()),
+        (LABEL_GENERATION.to_string(), spec.generation.to_string()),
+        (
+            LABEL_GIT_DIR.to_string(),
+            facts.git.common_dir.to_string_lossy().to_string(),
+        ),
+    ])
+}
+
+/// The full create request.
+pub fn create_body(spec: &WorkerSpec, facts: &HostFacts) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image_of(spec)),
+        user: Some(format!("{}:{}", facts.uid, facts.gid)),
+        env: Some(container_env(spec, facts)),
+        // The entrypoint is set (not the command) so no image ENTRYPOINT/CMD is mixed in.
+        entrypoint: Some(vec![AGENT_IN_IMAGE.into()]),
+        working_dir: Some(WORKSPACE.into()),
+        hostname: Some(format!("zerg-worker-{}", spec.worker_id)),
+        labels: Some(container_labels(spec, facts)),
+        stop_signal: Some("SIGTERM".into()),
+        tty: Some(false),
+        open_stdin: Some(false),
+        attach_stdin: Some(false),
+        host_config: Some(host_config(spec, facts)),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::launcher::ContainerSpec;
+
+    fn spec() -> WorkerSpec {
+        WorkerSpec {
+            rush_id: "r-123".into(),
+            feature: "feat-x".into(),
+            worker_id: 2,
+            generation: 5,
+            repo: "/srv/repo".into(),
+            worktree: "/srv/repo/.zerg-worktrees/feat-x/worker-2".into(),
+            branch: "zerg/feat-x/worker-2".into(),
+            spec_dir: "/srv/repo/.zerg/specs/feat-x".into(),
+            state_dir: "/srv/repo/.zerg/state".into(),
+            log_dir: "/srv/repo/.zerg/logs".into(),
+            socket: "/run/user/0/zerg/w/0123456789abcdef/worker.sock".into(),
+            token: crate::worker_plane::WorkerToken::generate(),
+            agent_bin: "/usr/local/bin/zerg-worker-agent".into(),
+            container: ContainerSpec {
+                image: String::new(),
+                network: String::new(),
+                memory_bytes: 4 << 30,
+                cpus: 2.0,
+                pids_limit: 1024,
+            },
+        }
+    }
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            uid: UNPRIVILEGED_UID,
+            gid: UNPRIVILEGED_UID,
+            remapped: true,
+            git: GitLayout {
+                admin_dir: "/srv/repo/.git/worktrees/worker-2".into(),
+                common_dir: "/srv/repo/.git".into(),
+            },
+            git_identity: ("Ada".into(), "ada@example.com".into()),
+            claude_dir: Some("/root/.claude".into()),
+            claude_json: None,
+            passthrough: vec![
+                ("ANTHROPIC_API_KEY".into(), "sk-test".into()),
+                ("FAKE_CLAUDE_SCRIPT".into(), "/tmp/t/script.json".into()),
+            ],
+            test_paths: vec!["/tmp/t/script.json".into()],
+        }
+    }
+
+    fn mount<'a>(ms: &'a [Mount], target: &str) -> &'a Mount {
+        ms.iter()
+            .find(|m| m.target.as_deref() == Some(target))
+            .unwrap_or_else(|| panic!("no mount at {target}: {ms:?}"))
+    }
+
+    #[test]
+    fn name_is_feature_scoped_and_per_generation() {
+        let mut s = spec();
+        assert_eq!(container_name(&s), "zerg-feat-x-worker-2-g5");
+        s.feature = "a/b c".into();
+        assert_eq!(container_name(&s), "zerg-a-b-c-worker-2-g5");
+    }
+
+    #[test]
+    fn env_uses_container_paths() {
+        let env = container_env(&spec(), &facts());
+        let get = |k: &str| {
+            env.iter()
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{k} missing from {env:?}"))
+                .to_string()
+        };
+        assert_eq!(get("ZERG_WORKTREE"), "/workspace");
+        assert_eq!(get("ZERG_SPEC_DIR"), "/workspace/.gsd/specs/feat-x");
+        assert!(
+            !env.iter().any(|kv| kv.starts_with("ZERG_STATE_DIR=")),
+            "nothing of the state dir is inside"
+        );
+        assert_eq!(get("ZERG_LOG_DIR"), "/zerg/logs");
+        assert_eq!(get("ZERG_SOCKET"), "/zerg/run/worker.sock");
+        assert_eq!(get("ZERG_WORKER_TOKEN").len(), 64);
+        assert_eq!(get("ZERG_REPO_PATH"), "/srv/repo");
+        assert_eq!(get("ZERG_WORKER_ID"), "2");
+        assert_eq!(get("ZERG_FEATURE"), "feat-x");
+        assert_eq!(get("ZERG_BRANCH"), "zerg/feat-x/worker-2");
+        assert_eq!(get("ZERG_RUSH_ID"), "r-123");
+        assert_eq!(get("ZERG_GENERATION"), "5");
+        assert_eq!(get("HOME"), "/home/worker");
+        assert!(
+            !env.iter().any(|kv| kv.starts_with("GIT_DIR=")
+                || kv.starts_with("GIT_OBJECT_DIRECTORY=")
+                || kv.starts_with("GIT_COMMON_DIR=")),
+            "no git path variables: they would leak into every other repository"
+        );
+        assert_eq!(get("ANTHROPIC_API_KEY"), "sk-test");
+        assert_eq!(get("FAKE_CLAUDE_SCRIPT"), "/tmp/t/script.json");
+        let n: usize = get("GIT_CONFIG_COUNT").parse().unwrap();
+        let pairs: Vec<(String, String)> = (0..n)
+            .map(|i| {
+                (
+                    get(&format!("GIT_CONFIG_KEY_{i}")),
+                    get(&format!("GIT_CONFIG_VALUE_{i}")),
+                )
+            })
+            .collect();
+        assert!(pairs.contains(&("safe.directory".into(), "*".into())));
+        assert!(pairs.contains(&("user.name".into(), "Ada".into())));
+        assert!(pairs.contains(&("gc.auto".into(), "0".into())));
+        assert!(pairs.contains(&("core.sparseCheckout".into(), "true".into())));
+    }
+
+    #[test]
+    fn mounts_follow_the_contract() {
+        let s = spec();
+        let ms = container_mounts(&s, &facts());
+        assert!(ms.iter().all(|m| m.typ == Some(MountType::BIND)));
+        let ws = mount(&ms, "/workspace");
+        assert_eq!(
+            ws.source.as_deref(),
+            Some("/srv/repo/.zerg-worktrees/feat-x/worker-2")
+        );
+        assert_eq!(ws.read_only, Some(false));
+        let sp = mount(&ms, "/workspace/.gsd/specs/feat-x");
+        assert_eq!(sp.source.as_deref(), Some("/srv/repo/.zerg/specs/feat-x"));
+        assert_eq!(sp.read_only, Some(true), "the spec must be read-only");
+        // The worker's private git dir at the real one's path; nothing of the real one is
+        // writable.
+        let git = mount(&ms, "/srv/repo/.git");
+        assert_eq!(git.source.as_deref(), Some("/srv/repo/.git/zerg/worker-2"));
+        let objects = mount(&ms, "/zerg/shared-objects");
+        assert_eq!(objects.source.as_deref(), Some("/srv/repo/.git/objects"));
+        assert_eq!(objects.read_only, Some(true));
+        let logs = mount(&ms, "/zerg/logs");
+        assert_eq!(
+            logs.source.as_deref(),
+            Some("/srv/repo/.zerg/logs/worker-2")
+        );
+        let run = mount(&ms, "/zerg/run");
+        assert_eq!(
+            run.source.as_deref(),
+            Some("/run/user/0/zerg/w/0123456789abcdef")
+        );
+        assert_eq!(run.read_only, Some(true));
+        let writable: Vec<&str> = ms
+            .iter()
+            .filter(|m| m.read_only == Some(false))
+            .filter_map(|m| m.target.as_deref())
+            .collect();
+        assert_eq!(
+            writable,
+            vec![
+                "/workspace",
+                "/srv/repo/.git",
+                "/zerg/logs",
+                "/home/worker/.claude",
+                "/tmp/t/script.json"
+            ]
+        );
+        for m in &ms {
+            let src = m.source.as_deref().unwrap_or("");
+            assert!(
+                !src.contains("docker.sock") && !src.ends_with("zergd.sock"),
+                "{src}"
+            );
+            assert!(!src.contains(".zerg/state"), "{src}");
+            assert!(
+                !src.contains("/refs/") && !src.contains("/worktrees/"),
+                "no window into the real git dir: {src}"
+            );
+        }
+    }
+
+    #[test]
+    fn hardening_and_limits() {
+        let s = spec();
+        let body = create_body(&s, &facts());
+        assert_eq!(body.image.as_deref(), Some(DEFAULT_IMAGE));
+        assert_eq!(body.user.as_deref(), Some("10001:10001"));
+        assert_eq!(body.entrypoint, Some(vec![AGENT_IN_IMAGE.to_string()]));
+        assert_eq!(body.cmd, None);
+        assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.memory, Some(4 << 30));
+        assert_eq!(hc.memory_swap, Some(4 << 30));
+        assert_eq!(hc.nano_cpus, Some(2_000_000_000));
+        assert_eq!(hc.pids_limit, Some(1024));
+        assert_eq!(hc.init, Some(true));
+        assert_eq!(hc.binds, None);
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_RUSH], "r-123");
+        assert_eq!(labels[LABEL_FEATURE], "feat-x");
+        assert_eq!(parse_worker_labels(&labels), Some((2, 5)));
+
+        let mut s = spec();
+        s.container.image = "zerg-worker:foo".into();
+        s.container.network = "bridge".into();
+        s.container.memory_bytes = 0;
+        s.container.cpus = 0.5;
+        s.container.pids_limit = 0;
+        let body = create_body(&s, &facts());
+        assert_eq!(body.image.as_deref(), Some("zerg-worker:foo"));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(
+            (hc.memory, hc.memory_swap, hc.pids_limit),
+            (None, None, None)
+        );
+        assert_eq!(hc.nano_cpus, Some(500_000_000));
+    }
+
+    #[test]
+    fn never_root() {
+        let (uid, gid, remapped) = container_identity();
+        assert_ne!(uid, 0);
+        assert_ne!(gid, 0);
+        assert_eq!(remapped, nix::unistd::geteuid().is_root());
+    }
+
+    #[test]
+    fn exit_mapping() {
+        assert_eq!(exit_info(0, false), ExitInfo::Code(0));
+        assert_eq!(exit_info(3, false), ExitInfo::Code(3));
+        assert_eq!(exit_info(137, false), ExitInfo::Code(137));
+        assert_eq!(exit_info(137, true), ExitInfo::OomKilled);
+        assert_eq!(exit_info(i64::MAX, false), ExitInfo::Code(i32::MAX));
+    }
+
+    #[test]
+    fn labels_parse_or_skip() {
+        let l = |w: &str, g: &str| {
+            HashMap::from([
+                (LABEL_WORKER.to_string(), w.to_string()),
+                (LABEL_GENERATION.to_string(), g.to_string()),
+            ])
+        };
+        assert_eq!(parse_worker_labels(&l("3", "7")), Some((3, 7)));
+        assert_eq!(parse_worker_labels(&l("x", "7")), None);
+        assert_eq!(parse_worker_labels(&HashMap::new()), None);
+        assert_eq!(parse_user("10001:10001"), Some((10001, 10001)));
+        assert_eq!(parse_user("worker"), None);
+    }
+
+    #[test]
+    fn missing_image_message_is_actionable() {
+        let e = missing_image("zerg-worker:foo");
+        assert!(
+            e.message
+                .starts_with("image zerg-worker:foo not found: build it with zergctl image build"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn git_layout_comes_from_the_repository_not_the_worktree() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        fs::create_dir_all(&repo).unwrap();
+        git_ok(&repo, &["init", "-q", "-b", "main"]);
+        git_ok(
+            &repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "i",
+            ],
+        );
+        let wt = dir.path().join("wt/worker-1");
+        git_ok(
+            &repo,
+            &["worktree", "add", "-q", "-b", "b1", &wt.to_string_lossy()],
+        );
+        let g = GitLayout::of(&repo, &wt).unwrap();
+        let common = fs::canonicalize(repo.join(".git")).unwrap();
+        assert_eq!(fs::canonicalize(&g.common_dir).unwrap(), common);
+        assert_eq!(
+            fs::canonicalize(&g.admin_dir).unwrap(),
+            common.join("worktrees/worker-1")
+        );
+        // A worker that rewrites its `.git` file does not redirect zergd.
+        fs::write(wt.join(".git"), "gitdir: /etc\n").unwrap();
+        assert_eq!(GitLayout::of(&repo, &wt).unwrap(), g);
+        assert!(GitLayout::of(&repo, dir.path()).is_err());
+    }
+
+    pub(crate) fn git_ok(dir: &Path, args: &[&str]) -> String {
+        crate::git::git(dir, args).unwrap_or_else(|e| panic!("{e}"))
+    }
+}

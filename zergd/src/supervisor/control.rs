@@ -1,0 +1,253 @@
+//! zergctl's commands: finding a rush, starting or resuming one, status, watch, stop, retry.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn find(&self, repo: &str, feature: &str) -> Result<String, Status> {
+        let repo_path = jobs::resolve_repo(repo)?;
+        let repo_s = repo_path.to_string_lossy().to_string();
+        let mut matches: Vec<&Rush> = self
+            .rushes
+            .values()
+            .filter(|r| {
+                r.doc.rush.repo == repo_s && (feature.is_empty() || r.doc.feature == feature)
+            })
+            .collect();
+        matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
+        matches.last().map(|r| r.id().to_string()).ok_or_else(|| {
+            if feature.is_empty() {
+                Status::not_found(format!("no rush in {repo_s}; start one with `zergctl rush FEATURE`"))
+            } else {
+                Status::not_found(format!("no rush for feature '{feature}' in {repo_s}; start one with `zergctl rush {feature}`"))
+            }
+        })
+    }
+
+    pub(super) fn handle_control(
+        &mut self,
+        c: ControlCmd,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        match c {
+            ControlCmd::Rush(req, reply) => self.start_rush(req, reply, now, wall),
+            ControlCmd::Status(req, reply) => {
+                let res = self
+                    .find(&req.repo, &req.feature)
+                    .map(|id| self.rushes[&id].status());
+                let _ = reply.send(res);
+            }
+            ControlCmd::List(reply) => {
+                let mut rushes: Vec<v1::RushSummary> =
+                    self.rushes.values().map(|r| r.summary()).collect();
+                rushes.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+                let _ = reply.send(Ok(v1::ListReply { rushes }));
+            }
+            ControlCmd::Watch(req, reply) => match self.find(&req.repo, &req.feature) {
+                Ok(id) => {
+                    let (tx, rx) = mpsc::channel(64);
+                    let first = v1::WatchEvent {
+                        status: Some(self.rushes[&id].status()),
+                        message: String::new(),
+                    };
+                    let _ = tx.try_send(Ok(first));
+                    self.watchers.entry(id).or_default().push(tx);
+                    let _ = reply.send(Ok(rx));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            ControlCmd::Stop(req, reply) => match self.find(&req.repo, &req.feature) {
+                Ok(id) => {
+                    // Replies only once the stopped state is on disk.
+                    self.with_rush(&id, |r, fx| {
+                        let n = r.stop(req.force, now, wall, fx);
+                        fx.reply(
+                            reply,
+                            Ok(v1::StopReply {
+                                workers_signalled: n,
+                            }),
+                        );
+                    });
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            ControlCmd::Retry(req, reply) => match self.find(&req.repo, &req.feature) {
+                Ok(id) => {
+                    self.with_rush(&id, |r, fx| {
+                        let res = r.retry(&req.task_ids, req.reset, now, wall, fx);
+                        fx.reply(reply, res.map(|requeued| v1::RetryReply { requeued }));
+                    });
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            ControlCmd::Shutdown(reply) => self.shutdown = Some(reply),
+        }
+    }
+
+    pub(super) fn start_rush(
+        &mut self,
+        req: v1::RushRequest,
+        reply: Reply<v1::RushReply>,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        let repo = match jobs::resolve_repo(&req.repo) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let repo_s = repo.to_string_lossy().to_string();
+        let mode_given = !req.mode.is_empty();
+        let mode = if mode_given {
+            match req.mode.parse::<Mode>() {
+                Ok(m) => m,
+                Err(_) => {
+                    let _ = reply.send(Err(Status::invalid_argument(format!(
+                        "mode: '{}' is not subprocess or container",
+                        req.mode.chars().take(64).collect::<String>()
+                    ))));
+                    return;
+                }
+            }
+        } else {
+            Mode::Subprocess
+        };
+        if req.workers == 0 || req.workers > 64 {
+            let _ = reply.send(Err(Status::invalid_argument(
+                "workers: must be between 1 and 64",
+            )));
+            return;
+        }
+        let existing = self
+            .rushes
+            .values()
+            .find(|r| r.doc.rush.repo == repo_s && r.doc.feature == req.feature)
+            .map(|r| (r.id().to_string(), r.state().to_string()));
+        if let Some((id, state)) = existing {
+            match state.as_str() {
+                "pending" | "running" | "paused" => {
+                    let _ = reply.send(Err(Status::already_exists(format!(
+                        "rush {} is already {state}; see `zergctl status {}`, or `zergctl stop {}`",
+                        req.feature, req.feature, req.feature
+                    ))));
+                    return;
+                }
+                "stopped" | "failed" => {
+                    // Resume in place: the same graph snapshot, completed work kept.
+                    let ensure = {
+                        let r = &self.rushes[&id];
+                        jobs::ensure_worktrees(
+                            &r.paths,
+                            &r.doc.feature,
+                            r.doc.rush.workers,
+                            &r.doc.rush.staging_head,
+                        )
+                    };
+                    if let Err(e) = ensure {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                    self.ensure_plane(&id);
+                    let rid = id.clone();
+                    self.with_rush(&id, |r, fx| {
+                        if mode_given {
+                            r.doc.rush.mode = mode;
+                        }
+                        let res = r.retry(&[], false, now, wall, fx);
+                        let mode = r.doc.rush.mode.to_string();
+                        fx.reply(
+                            reply,
+                            res.map(|_| v1::RushReply {
+                                rush_id: rid,
+                                warnings: vec![],
+                                resumed: true,
+                                mode,
+                            }),
+                        );
+                    });
+                    return;
+                }
+                _ => {
+                    self.rushes.remove(&id);
+                    self.close_plane(&id);
+                }
+            }
+        }
+        let key = (repo_s.clone(), req.feature.clone());
+        if self.preparing.contains(&key) {
+            let _ = reply.send(Err(Status::already_exists(format!(
+                "rush {} is being prepared",
+                req.feature
+            ))));
+            return;
+        }
+        self.preparing.insert(key);
+        let tx = self.tx.clone();
+        let rush_id = format!("{}-{:x}", req.feature, crate::clock::unix_millis(wall));
+        tokio::task::spawn_blocking(move || {
+            let result =
+                jobs::prepare_fresh(&repo, &req.feature, req.workers, mode, &rush_id, wall);
+            let _ = tx.send(Event::Prepared {
+                req,
+                result: Box::new(result),
+                reply,
+            });
+        });
+    }
+
+    pub(super) fn on_prepared(
+        &mut self,
+        req: v1::RushRequest,
+        result: Result<(jobs::Prepared, Vec<String>), Status>,
+        reply: Reply<v1::RushReply>,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        let repo_key = jobs::resolve_repo(&req.repo)
+            .map(|p| p.to_string_lossy().to_string())
+            .unwrap_or_default();
+        self.preparing.remove(&(repo_key, req.feature.clone()));
+        let (p, warnings) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let id = p.doc.rush.rush_id.clone();
+        self.ensure_plane(&id);
+        let mode = p.doc.rush.mode;
+        let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
+        let rush = Rush::new(
+            p.doc,
+            p.graph,
+            p.config,
+            p.paths,
+            p.spec_context,
+            monitor,
+            now,
+        );
+        self.rushes.insert(id.clone(), rush);
+        let mut fx = Effects::default();
+        fx.reply(
+            reply,
+            Ok(v1::RushReply {
+                rush_id: id.clone(),
+                warnings,
+                resumed: false,
+                mode: mode.to_string(),
+            }),
+        );
+        let r = self.rushes.get_mut(&id).expect("inserted");
+        r.start(now, wall, &mut fx);
+        self.pending.push((id, fx));
+    }
+}

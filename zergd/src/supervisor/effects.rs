@@ -1,0 +1,219 @@
+//! Running what the state machine asked for once the state is saved: spawning, stopping and
+//! draining workers, sweeping an ended rush's containers, merges, and the worker planes.
+
+use super::recovery::append_escalations;
+use super::*;
+
+impl Supervisor {
+    /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only.
+    pub(super) fn ensure_plane(&mut self, rush_id: &str) {
+        if self.planes.get(rush_id).is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        match crate::worker_plane::serve(&self.settings.socket, rush_id, self.handle()) {
+            Ok(h) => {
+                self.planes.insert(rush_id.to_string(), h);
+            }
+            Err(e) => {
+                tracing::error!(rush = rush_id, error = %e, "cannot serve the worker plane; workers of this rush cannot connect")
+            }
+        }
+    }
+
+    /// Stops serving a forgotten rush's worker plane and removes its socket directory.
+    pub(super) fn close_plane(&mut self, rush_id: &str) {
+        if let Some(h) = self.planes.remove(rush_id) {
+            h.abort();
+        }
+        let _ = std::fs::remove_dir_all(crate::worker_plane::plane_dir(
+            &self.settings.socket,
+            rush_id,
+        ));
+    }
+
+    pub(super) fn run_effects(&mut self, rush_id: &str, fx: Effects) {
+        for r in fx.replies {
+            r();
+        }
+        let Some(r) = self.rushes.get(rush_id) else {
+            return;
+        };
+        let mode = r.doc.rush.mode;
+        if !fx.escalations.is_empty() {
+            let dir = r.paths.state_dir.clone();
+            let list = fx.escalations.clone();
+            tokio::task::spawn_blocking(move || append_escalations(&dir, &list));
+        }
+        for (w, generation) in fx.spawn {
+            let Some(spec) = self.worker_spec(rush_id, w, generation) else {
+                continue;
+            };
+            let tx = self.tx.clone();
+            let rid = rush_id.to_string();
+            let launchers = self.launchers.clone();
+            tokio::spawn(async move {
+                let launcher = match launchers.get(mode).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = tx.send(Event::Spawned {
+                            rush: rid,
+                            worker: w,
+                            generation,
+                            result: Err(e),
+                        });
+                        return;
+                    }
+                };
+                let wt = spec.worktree.clone();
+                let repo = spec.repo.clone();
+                let branch = spec.branch.clone();
+                let ensure = tokio::task::spawn_blocking(move || {
+                    let start = crate::git::rev(&repo, "HEAD").unwrap_or_default();
+                    crate::git::ensure_worktree(&repo, &wt, &branch, &start)
+                })
+                .await;
+                if let Ok(Err(e)) = ensure {
+                    let _ = tx.send(Event::Spawned {
+                        rush: rid,
+                        worker: w,
+                        generation,
+                        result: Err(SpawnError::new(e.to_string())),
+                    });
+                    return;
+                }
+                let sink = exit_sink(&tx, &rid, w, generation);
+                let result = launcher.spawn(spec, sink).await;
+                let _ = tx.send(Event::Spawned {
+                    rush: rid,
+                    worker: w,
+                    generation,
+                    result,
+                });
+            });
+        }
+        if let Some(job) = fx.merge {
+            let gates = r.config.quality_gates.clone();
+            let feature = r.doc.feature.clone();
+            let tx = self.tx.clone();
+            let rid = rush_id.to_string();
+            tokio::task::spawn_blocking(move || {
+                let level = job.level;
+                let result = jobs::run_merge(&job, &gates, &feature);
+                let _ = tx.send(Event::Merged {
+                    rush: rid,
+                    level,
+                    result,
+                });
+            });
+        }
+        let stops: Vec<(Spawned, Duration, bool)> = fx
+            .stop
+            .into_iter()
+            .map(|(_, sp, g)| (sp, g, false))
+            .chain(fx.drain.into_iter().map(|(_, sp, g)| (sp, g, true)))
+            .collect();
+        let cleanup = fx.cleanup.then(|| {
+            let wts: BTreeMap<u32, PathBuf> = r
+                .doc
+                .workers
+                .values()
+                .map(|w| (w.worker_id, PathBuf::from(&w.worktree_path)))
+                .collect();
+            (r.paths.clone(), r.doc.feature.clone(), wts)
+        });
+        if stops.is_empty() && fx.sweep.is_none() && cleanup.is_none() {
+            return;
+        }
+        let launchers = self.launchers.clone();
+        let rid = rush_id.to_string();
+        let sweep = fx.sweep;
+        tokio::spawn(async move {
+            let launcher = match launchers.get(mode).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(rush = %rid, error = %e, "cannot stop the rush's workers");
+                    return;
+                }
+            };
+            let mut set = tokio::task::JoinSet::new();
+            for (sp, grace, drain) in stops {
+                let l = launcher.clone();
+                set.spawn(async move {
+                    if drain {
+                        // Give the worker the grace period to exit by itself, then stop it.
+                        let deadline = Instant::now() + grace;
+                        while Instant::now() < deadline && l.is_alive(sp.clone()).await {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                    l.stop(sp.clone(), grace).await;
+                    l.cleanup(sp).await;
+                });
+            }
+            while set.join_next().await.is_some() {}
+            // Whatever is still there (an exited container, one whose exit was never seen)
+            // goes too; a resumed rush's newer generations are left alone.
+            if let Some(upto) = sweep {
+                for d in launcher.discover(&rid).await {
+                    if upto.get(&d.worker_id).is_none_or(|g| d.generation <= *g) {
+                        launcher.stop(d.spawned.clone(), Duration::ZERO).await;
+                        launcher.cleanup(d.spawned).await;
+                    }
+                }
+            }
+            if let Some((paths, feature, wts)) = cleanup {
+                let _ = tokio::task::spawn_blocking(move || {
+                    jobs::cleanup_worktrees(&paths, &feature, &wts)
+                })
+                .await;
+            }
+        });
+    }
+
+    pub(super) fn worker_spec(&self, rush_id: &str, w: u32, generation: u64) -> Option<WorkerSpec> {
+        let r = self.rushes.get(rush_id)?;
+        let res = &r.config.resources;
+        let token = r.rt_workers.get(&w)?.token.clone()?;
+        Some(WorkerSpec {
+            rush_id: rush_id.to_string(),
+            feature: r.doc.feature.clone(),
+            worker_id: w,
+            generation,
+            repo: r.paths.repo.clone(),
+            worktree: r.paths.worker_worktree(w),
+            branch: rush::worker_branch(&r.doc.feature, w),
+            spec_dir: r.paths.spec_dir.clone(),
+            state_dir: r.paths.state_dir.clone(),
+            log_dir: r.paths.log_dir.clone(),
+            socket: crate::worker_plane::plane_socket(&self.settings.socket, rush_id),
+            token,
+            agent_bin: self.settings.agent_bin.clone(),
+            container: ContainerSpec {
+                image: r.config.container.image.clone(),
+                network: r.config.container.network.clone(),
+                memory_bytes: parse_memory(&res.container_memory_limit).unwrap_or(4 << 30),
+                cpus: res.container_cpu_limit,
+                pids_limit: res.container_pids_limit,
+            },
+        })
+    }
+}
+
+/// A sink that turns a worker's exit into an [`Event::Exited`].
+pub(super) fn exit_sink(
+    tx: &mpsc::UnboundedSender<Event>,
+    rush: &str,
+    worker: u32,
+    generation: u64,
+) -> crate::launcher::ExitSink {
+    let tx = tx.clone();
+    let rush = rush.to_string();
+    Box::new(move |info| {
+        let _ = tx.send(Event::Exited {
+            rush,
+            worker,
+            generation,
+            info,
+        });
+    })
+}

@@ -1,0 +1,287 @@
+//! Recovery after a restart: every unfinished rush is reloaded, live workers are re-adopted
+//! and the rest are treated as crashed.
+
+use super::effects::exit_sink;
+use super::*;
+
+impl Supervisor {
+    /// Loads every unfinished rush from the registry and resumes it: live workers are
+    /// re-adopted (pid plus start time, or container labels) and get a grace period to
+    /// reconnect; dead ones are treated as crashed.
+    pub(super) async fn recover(&mut self) {
+        let reg = Registry::load(&self.settings.registry_path);
+        let now = self.clock.now();
+        let wall = self.clock.wall();
+        for e in reg.rushes {
+            let repo = PathBuf::from(&e.repo);
+            let store = StateStore::new(&repo.join(".zerg").join("state"), &e.feature);
+            let doc = match store.load() {
+                Ok(Some(d)) if d.rush.rush_id == e.rush_id => d,
+                Ok(_) => continue,
+                Err(err) => {
+                    tracing::error!(error = %err, feature = %e.feature, "cannot load rush state; skipping");
+                    continue;
+                }
+            };
+            let (graph, config, paths, spec_context) = match jobs::load_snapshot(&repo, &e.feature)
+            {
+                Ok(x) => x,
+                Err(err) => {
+                    tracing::error!(error = %err, feature = %e.feature, "cannot load rush snapshot; skipping");
+                    continue;
+                }
+            };
+            let active = matches!(doc.rush.state.as_str(), "running" | "pending" | "paused");
+            let monitor = if active {
+                Monitor::open(&repo, &e.feature)
+            } else {
+                Monitor::disabled(&e.feature)
+            };
+            let mut r = Rush::new(doc, graph, config, paths, spec_context, monitor, now);
+            r.escalations = load_escalations(&r);
+            r.dirty = false;
+            if active {
+                self.ensure_plane(&e.rush_id);
+                self.readopt(&mut r, now, wall).await;
+            } else if r.doc.rush.mode == Mode::Container {
+                // A rush that ended while zergd was down leaves no container behind either.
+                self.sweep_ended(&e.rush_id);
+            }
+            self.rushes.insert(e.rush_id.clone(), r);
+        }
+    }
+
+    /// Removes every container of an ended rush (in the background).
+    pub(super) fn sweep_ended(&self, rush_id: &str) {
+        let launchers = self.launchers.clone();
+        let rid = rush_id.to_string();
+        tokio::spawn(async move {
+            let Ok(l) = launchers.get(Mode::Container).await else {
+                return;
+            };
+            for d in l.discover(&rid).await {
+                l.stop(d.spawned.clone(), Duration::ZERO).await;
+                l.cleanup(d.spawned).await;
+            }
+        });
+    }
+
+    pub(super) async fn readopt(
+        &mut self,
+        r: &mut Rush,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        let mode = r.doc.rush.mode;
+        let launcher = self.launchers.get(mode).await.ok();
+        // At least 10 s: agents retry their connection with a backoff capped at 5 s.
+        let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
+            .max(Duration::from_secs(10));
+        let rid = r.id().to_string();
+        r.event(
+            wall,
+            Source::Orchestrator,
+            Level::Info,
+            "rush_resumed",
+            format!("zergd restarted; resuming rush {} and re-adopting its workers (grace {:.0}s to reconnect)", r.feature(), grace.as_secs_f64()),
+            serde_json::json!({}),
+        );
+        // Containers of this rush that the state does not know (or knows as an older
+        // generation) are orphans: remove them.
+        let mut discovered = Vec::new();
+        if let Some(l) = &launcher {
+            discovered = l.discover(&rid).await;
+        }
+        let mut fx = Effects::default();
+        let workers: Vec<(u32, u64, Spawned)> = r
+            .doc
+            .workers
+            .values()
+            .map(|w| {
+                let mut sp = Spawned {
+                    pid: w.pid,
+                    start_time: w.pid_start_time,
+                    container_id: w.container_id.clone(),
+                };
+                if sp.container_id.is_none()
+                    && let Some(d) = discovered
+                        .iter()
+                        .find(|d| d.worker_id == w.worker_id && d.generation == w.generation)
+                {
+                    sp = d.spawned.clone();
+                }
+                (w.worker_id, w.generation, sp)
+            })
+            .collect();
+        for d in &discovered {
+            let known = workers
+                .iter()
+                .any(|(w, g, _)| *w == d.worker_id && *g == d.generation);
+            if !known && let Some(l) = &launcher {
+                let l = l.clone();
+                let sp = d.spawned.clone();
+                tokio::spawn(async move {
+                    l.stop(sp.clone(), Duration::ZERO).await;
+                    l.cleanup(sp).await;
+                });
+            }
+        }
+        for (w, generation, sp) in workers {
+            let alive = match (&launcher, sp.pid.is_some() || sp.container_id.is_some()) {
+                (Some(l), true) => l.is_alive(sp.clone()).await,
+                _ => false,
+            };
+            let rt = r.rt_workers.entry(w).or_default();
+            if alive && r.doc.rush.state != RushState::Paused {
+                rt.spawned = Some(sp.clone());
+                rt.registered = false;
+                rt.reconnect_by = Some(now + grace);
+                rt.last_hb = Some(now);
+                if let Some(l) = &launcher {
+                    l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
+                }
+            } else if r.doc.rush.state == RushState::Running {
+                let status = r
+                    .doc
+                    .workers
+                    .get(&w.to_string())
+                    .map(|x| x.status)
+                    .unwrap_or_default();
+                if !matches!(
+                    status.as_str(),
+                    "done" | "gave_up" | "blocked" | "exited" | "backoff"
+                ) {
+                    rt.spawned = Some(sp.clone());
+                    match (&launcher, sp.container_id.is_some()) {
+                        // An exited container still holds its exit code: let the launcher
+                        // report it (and remove the container).
+                        (Some(l), true) => {
+                            l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
+                        }
+                        _ => r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx),
+                    }
+                } else if status == WorkerStatus::Backoff {
+                    rt.spawn_due = Some(now);
+                }
+            }
+        }
+        // Tasks in progress keep their leases; their progress clock restarts now.
+        let in_progress: Vec<String> = r
+            .doc
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.status == TaskStatus::InProgress)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for t in in_progress {
+            r.rt_tasks.insert(
+                t,
+                rush::TaskRt {
+                    last_progress: now,
+                    last_output_ms: 0,
+                    last_step: String::new(),
+                    retry_due: None,
+                },
+            );
+        }
+        let waiting: Vec<String> = r
+            .doc
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.status == TaskStatus::WaitingRetry)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for t in waiting {
+            r.rt_tasks.insert(
+                t,
+                rush::TaskRt {
+                    last_progress: now,
+                    last_output_ms: 0,
+                    last_step: String::new(),
+                    retry_due: Some(now),
+                },
+            );
+        }
+        if r.doc.rush.state == RushState::Running {
+            // A merge that was running when zergd died is simply run again (it is idempotent).
+            r.check_level_done(now, wall, &mut fx);
+        }
+        r.dirty = true;
+        self.pending.push((rid, fx));
+    }
+}
+
+/// The unresolved escalations of a rush's tasks from `.zerg/state/escalations.json`.
+pub(super) fn load_escalations(r: &Rush) -> Vec<v1::Escalation> {
+    let path = r.paths.state_dir.join("escalations.json");
+    let Some(doc) = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    else {
+        return Vec::new();
+    };
+    doc["escalations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| !e["resolved"].as_bool().unwrap_or(false))
+        .filter(|e| {
+            e["task_id"]
+                .as_str()
+                .is_some_and(|t| r.doc.tasks.contains_key(t))
+        })
+        .map(|e| v1::Escalation {
+            worker_id: e["worker_id"].as_u64().unwrap_or(0) as u32,
+            task_id: e["task_id"].as_str().unwrap_or("").to_string(),
+            category: e["category"].as_str().unwrap_or("").to_string(),
+            message: e["message"].as_str().unwrap_or("").to_string(),
+            timestamp: e["timestamp"].as_str().unwrap_or("").to_string(),
+            resolved: false,
+            context_json: e.get("context").map(|c| c.to_string()).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Appends escalations to `.zerg/state/escalations.json` under its lock.
+pub(super) fn append_escalations(state_dir: &Path, list: &[v1::Escalation]) {
+    let path = state_dir.join("escalations.json");
+    let lock_path = state_dir.join("escalations.lock");
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+    else {
+        return;
+    };
+    let Ok(_guard) = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive) else {
+        return;
+    };
+    let mut doc: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({"escalations": []}));
+    if !doc["escalations"].is_array() {
+        doc["escalations"] = serde_json::json!([]);
+    }
+    if let Some(arr) = doc["escalations"].as_array_mut() {
+        for e in list {
+            arr.push(serde_json::json!({
+                "worker_id": e.worker_id,
+                "task_id": e.task_id,
+                "timestamp": e.timestamp,
+                "category": e.category,
+                "message": e.message,
+                "context": serde_json::from_str::<serde_json::Value>(&e.context_json)
+                    .ok()
+                    .filter(|v| v.is_object())
+                    .unwrap_or_else(|| serde_json::json!({})),
+                "resolved": false,
+            }));
+        }
+    }
+    let bytes = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+    if let Err(e) = crate::state::write_atomic(state_dir, &path, &bytes, None) {
+        tracing::warn!(error = %e, "cannot write escalations.json");
+    }
+}

@@ -1,0 +1,388 @@
+//! One rush as a synchronous state machine.
+//!
+//! Every input (a worker RPC, a worker exit, a timer tick, a finished merge) is a method call
+//! with the current time; outputs that need I/O (spawning, stopping, merging, replying after the
+//! state is saved) are pushed into [`Effects`] for the actor shell to run. Nothing here blocks or
+//! sleeps, which is what lets status answer while spawns are being retried, and what lets the
+//! unit tests drive hours of timeouts with a fake clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::Status;
+use zerg_proto::graph::TaskGraph;
+use zerg_proto::v1;
+
+use crate::backoff::Backoff;
+use crate::clock::{from_unix_millis, iso_millis, unix_millis};
+use crate::config::{Config, secs};
+use crate::domain::{
+    FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
+};
+use crate::launcher::{ExitInfo, SpawnError, Spawned};
+use crate::monitor::{Level, Monitor, Source};
+use crate::state::StateDoc;
+use crate::worker_plane::{WorkerAuth, WorkerToken};
+use zerg_proto::contract::{Revocation, WorkerExit};
+
+mod levels;
+mod lifecycle;
+mod tasks;
+mod timers;
+mod worker_rpc;
+
+/// Reply channel for a lease request.
+pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, Status>>;
+
+/// Side effects requested by the state machine.
+#[derive(Default)]
+pub struct Effects {
+    /// Workers to start: (worker id, generation).
+    pub spawn: Vec<(u32, u64)>,
+    /// Workers to stop: (worker id, handle, grace).
+    pub stop: Vec<(u32, Spawned, Duration)>,
+    /// Workers to stop only if they have not exited by themselves within the delay (the end of
+    /// a rush: parked workers were told there is no work left).
+    pub drain: Vec<(u32, Spawned, Duration)>,
+    /// A level merge to run.
+    pub merge: Option<MergeJob>,
+    /// Replies to send once the state is saved.
+    pub replies: Vec<Box<dyn FnOnce() + Send>>,
+    /// Worktrees to remove (the rush completed).
+    pub cleanup: bool,
+    /// Escalations to append to `escalations.json`.
+    pub escalations: Vec<v1::Escalation>,
+    /// The rush ended: once the stops and drains are done, remove whatever is left of its
+    /// workers (containers, running or exited) up to these generations per slot.
+    pub sweep: Option<BTreeMap<u32, u64>>,
+}
+
+impl Effects {
+    /// Queues a reply to send after the state is persisted.
+    pub fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, v: T) {
+        self.replies.push(Box::new(move || {
+            let _ = tx.send(v);
+        }));
+    }
+}
+
+/// A merge of every worker's accepted commits into staging, then quality gates.
+#[derive(Debug, Clone)]
+pub struct MergeJob {
+    /// Level being merged.
+    pub level: u32,
+    /// (worker id, worktree, accepted head) per slot.
+    pub heads: Vec<(u32, PathBuf, String)>,
+    /// Staging worktree.
+    pub staging: PathBuf,
+}
+
+/// Result of a [`MergeJob`].
+#[derive(Debug, Clone)]
+pub enum MergeResult {
+    /// Staging now points at this commit.
+    Merged(String),
+    /// A worker's commits conflicted with staging.
+    Conflict {
+        /// Worker whose branch conflicted.
+        worker: u32,
+        /// Conflicting paths.
+        files: Vec<String>,
+    },
+    /// A required quality gate failed.
+    GateFailed {
+        /// Gate name.
+        gate: String,
+        /// Output excerpt.
+        output: String,
+    },
+    /// Git itself failed.
+    Error(String),
+}
+
+/// Per-task runtime data that is not persisted.
+#[derive(Debug, Clone)]
+pub struct TaskRt {
+    /// Last time the holder showed progress.
+    pub last_progress: Instant,
+    /// Last agent output time the holder reported (Unix ms).
+    pub last_output_ms: i64,
+    /// Last step the holder reported.
+    pub last_step: String,
+    /// When a waiting_retry task becomes pending.
+    pub retry_due: Option<Instant>,
+}
+
+/// Per-worker runtime data that is not persisted.
+#[derive(Default)]
+pub struct WorkerRt {
+    /// Handle of the running process or container.
+    pub spawned: Option<Spawned>,
+    /// Last heartbeat or registration.
+    pub last_hb: Option<Instant>,
+    /// When a spawn retry or respawn is due.
+    pub spawn_due: Option<Instant>,
+    /// When the current process was started (for the ready timeout).
+    pub spawned_at: Option<Instant>,
+    /// Whether the current process has registered.
+    pub registered: bool,
+    /// A parked lease request.
+    pub parked: Option<LeaseReplyTx>,
+    /// zergd asked this worker to stop; its exit is expected.
+    pub stopping: bool,
+    /// A respawn (as opposed to a first spawn) is pending.
+    pub respawning: bool,
+    /// Re-adopted after a zergd restart; must reconnect before this deadline.
+    pub reconnect_by: Option<Instant>,
+    /// The last generation whose exit was handled (an exit is handled once).
+    pub handled_gen: u64,
+    /// The current generation's token, handed to the launcher (never persisted).
+    pub token: Option<WorkerToken>,
+    /// Verification tiers of the slot's last reported attempt, for `progress-<id>.json`.
+    pub tiers: Vec<serde_json::Value>,
+}
+
+/// What zergd checks about a reported commit before accepting it (see
+/// [`crate::git::check_task_commit`]), gathered from the rush under the actor.
+#[derive(Debug, Clone)]
+pub struct CommitCheck {
+    /// Repository root.
+    pub repo: PathBuf,
+    /// The worker slot.
+    pub worker: u32,
+    /// Its branch.
+    pub branch: String,
+    /// The commit the lease started from.
+    pub base: String,
+    /// The spec directory tasks must not change (`.gsd/specs/<feature>`).
+    pub protected: String,
+    /// Container mode: the worker's new objects must be imported first.
+    pub container: bool,
+    /// The feature (for checkpoint refs).
+    pub feature: String,
+    /// The task.
+    pub task: String,
+}
+
+/// Where a rush keeps its files.
+#[derive(Debug, Clone)]
+pub struct RushPaths {
+    /// Repository root.
+    pub repo: PathBuf,
+    /// `.zerg/state`.
+    pub state_dir: PathBuf,
+    /// `.zerg/logs`.
+    pub log_dir: PathBuf,
+    /// Spec snapshot.
+    pub spec_dir: PathBuf,
+    /// `.zerg-worktrees/<feature>`.
+    pub worktrees: PathBuf,
+}
+
+impl RushPaths {
+    /// Paths for a feature in a repository.
+    pub fn new(repo: PathBuf, feature: &str) -> Self {
+        let zerg = repo.join(".zerg");
+        RushPaths {
+            state_dir: zerg.join("state"),
+            log_dir: zerg.join("logs"),
+            spec_dir: zerg.join("rush").join(feature).join("spec"),
+            worktrees: repo.join(".zerg-worktrees").join(feature),
+            repo,
+        }
+    }
+
+    /// Worktree of a worker slot.
+    pub fn worker_worktree(&self, id: u32) -> PathBuf {
+        self.worktrees.join(format!("worker-{id}"))
+    }
+
+    /// The staging worktree.
+    pub fn staging_worktree(&self) -> PathBuf {
+        self.worktrees.join("staging")
+    }
+}
+
+/// Branch of a worker slot.
+pub fn worker_branch(feature: &str, id: u32) -> String {
+    format!("zerg/{feature}/worker-{id}")
+}
+
+/// The staging branch.
+pub fn staging_branch(feature: &str) -> String {
+    format!("zerg/{feature}/staging")
+}
+
+/// One rush.
+pub struct Rush {
+    /// Persisted state.
+    pub doc: StateDoc,
+    /// The task graph (from the spec snapshot).
+    pub graph: TaskGraph,
+    /// The config snapshot.
+    pub config: Config,
+    /// File locations.
+    pub paths: RushPaths,
+    /// Feature context for prompts.
+    pub spec_context: String,
+    /// Task runtime data.
+    pub rt_tasks: HashMap<String, TaskRt>,
+    /// Worker runtime data.
+    pub rt_workers: BTreeMap<u32, WorkerRt>,
+    /// monitor.log writer.
+    pub monitor: Monitor,
+    /// Whether `doc` changed since the last save.
+    pub dirty: bool,
+    /// Whether a merge is running.
+    pub merging: bool,
+    /// Next light reconciliation.
+    pub next_reconcile: Instant,
+    /// Escalations raised during this rush.
+    pub escalations: Vec<v1::Escalation>,
+    /// Event lines since the last save, for watchers.
+    pub messages: Vec<String>,
+    /// When the mass-staleness brake last fired.
+    pub brake_at: Option<Instant>,
+}
+
+// === Construction and small helpers ===
+
+impl Rush {
+    /// A rush from its state, graph and config, with empty runtime data.
+    pub fn new(
+        doc: StateDoc,
+        graph: TaskGraph,
+        config: Config,
+        paths: RushPaths,
+        spec_context: String,
+        monitor: Monitor,
+        now: Instant,
+    ) -> Rush {
+        Rush {
+            doc,
+            graph,
+            config,
+            paths,
+            spec_context,
+            rt_tasks: HashMap::new(),
+            rt_workers: BTreeMap::new(),
+            monitor,
+            dirty: true,
+            merging: false,
+            next_reconcile: now,
+            escalations: Vec::new(),
+            messages: Vec::new(),
+            brake_at: None,
+        }
+    }
+
+    /// Rush id.
+    pub fn id(&self) -> &str {
+        &self.doc.rush.rush_id
+    }
+
+    /// Feature name.
+    pub fn feature(&self) -> &str {
+        &self.doc.feature
+    }
+
+    /// Current rush state.
+    pub fn state(&self) -> RushState {
+        self.doc.rush.state
+    }
+
+    /// Whether the rush has ended (complete, failed or stopped).
+    pub fn is_terminal(&self) -> bool {
+        self.state().is_terminal()
+    }
+
+    fn resilient(&self) -> bool {
+        self.config.resilience.enabled
+    }
+
+    fn set_state(&mut self, state: RushState, reason: &str) {
+        self.doc.rush.state = state;
+        self.doc.rush.reason = reason.to_string();
+        self.doc.paused = state == RushState::Paused;
+        self.doc.error =
+            (!reason.is_empty() && state != RushState::Running && state != RushState::Complete)
+                .then(|| reason.to_string());
+        self.dirty = true;
+    }
+
+    /// Records an event in monitor.log, the events file and the execution log.
+    pub fn event(
+        &mut self,
+        wall: SystemTime,
+        source: Source,
+        level: Level,
+        kind: &str,
+        message: String,
+        data: serde_json::Value,
+    ) {
+        self.monitor
+            .emit(wall, source, level, kind, &message, data.clone());
+        self.doc.log(iso_millis(wall), kind, data);
+        if self.messages.len() < 1000 {
+            self.messages.push(message);
+        }
+        self.dirty = true;
+    }
+
+    fn task_level(&self, id: &str) -> u32 {
+        self.doc.tasks.get(id).and_then(|t| t.level).unwrap_or(0)
+    }
+
+    fn task_status(&self, id: &str) -> Option<TaskStatus> {
+        self.doc.tasks.get(id).map(|t| t.status)
+    }
+
+    fn worker_status(&self, w: u32) -> Option<WorkerStatus> {
+        self.doc.workers.get(&w.to_string()).map(|x| x.status)
+    }
+
+    fn set_worker_status(&mut self, w: u32, status: WorkerStatus, reason: Option<String>) {
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.status = status;
+            if reason.is_some() {
+                ws.reason = reason;
+            }
+            self.dirty = true;
+        }
+    }
+
+    /// Whether a task status is final for level accounting.
+    pub fn is_terminal_task(status: Option<TaskStatus>) -> bool {
+        status.is_some_and(TaskStatus::is_terminal)
+    }
+
+    fn spawn_backoff(&self) -> Backoff {
+        let w = &self.config.workers;
+        Backoff {
+            strategy: w.spawn_backoff_strategy,
+            base: secs(w.spawn_backoff_base_seconds),
+            max: secs(w.spawn_backoff_max_seconds),
+        }
+    }
+
+    fn task_backoff(&self) -> Backoff {
+        let w = &self.config.workers;
+        Backoff {
+            strategy: w.backoff_strategy,
+            base: secs(w.backoff_base_seconds),
+            max: secs(w.backoff_max_seconds),
+        }
+    }
+
+    fn live_workers(&self) -> Vec<u32> {
+        self.rt_workers
+            .iter()
+            .filter(|(_, rt)| rt.spawned.is_some())
+            .map(|(w, _)| *w)
+            .collect()
+    }
+}

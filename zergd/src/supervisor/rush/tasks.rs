@@ -1,0 +1,152 @@
+//! How a task moves between pending, waiting for a retry, failed and blocked.
+
+use super::*;
+
+impl Rush {
+    /// Puts an in-progress task back to pending without counting an attempt.
+    pub(super) fn requeue(&mut self, t: &str, why: &str, wall: SystemTime) {
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        let w = ts.worker_id;
+        ts.status = TaskStatus::Pending;
+        ts.lease_id = None;
+        ts.updated_at = iso_millis(wall);
+        self.rt_tasks.remove(t);
+        self.event(
+            wall,
+            w.map(Source::Worker).unwrap_or(Source::Orchestrator),
+            Level::Info,
+            "task_requeued",
+            format!("Task {t} requeued ({why})"),
+            json!({"task_id": t, "reason": why}),
+        );
+    }
+
+    /// The worker holding a task died: requeue at once without counting an attempt (FR-5).
+    pub(super) fn crash_task(&mut self, t: &str, w: u32, why: &str, wall: SystemTime) {
+        let cap = self.config.workers.max_respawn_attempts.max(3);
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        ts.crashes += 1;
+        ts.error = Some(format!("worker_crash: {why}"));
+        let crashes = ts.crashes;
+        self.doc.rush.resilience.task_reassignments += 1;
+        if crashes > cap {
+            // A task that kills every worker it lands on is poison, not bad luck.
+            self.fail_permanently(
+                t,
+                &format!("worker_crash: crashed its worker {crashes} times (last: {why})"),
+                wall,
+            );
+            return;
+        }
+        self.requeue(t, "worker_crash", wall);
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Warn,
+            "task_reassign",
+            format!("Task {t} failed with reason worker_crash ({why}); reassigning to a healthy worker (retry count unchanged: a crash is not a bug in the task)"),
+            json!({"task_id": t, "worker_id": w, "retry_count_incremented": false}),
+        );
+    }
+
+    /// A task attempt failed: retry with backoff, or fail for good.
+    pub(super) fn fail_attempt(
+        &mut self,
+        t: &str,
+        w: u32,
+        why: &str,
+        now: Instant,
+        wall: SystemTime,
+    ) {
+        let max = self.config.workers.retry_attempts;
+        let backoff = self.task_backoff();
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        ts.retry_count += 1;
+        ts.error = Some(why.to_string());
+        ts.lease_id = None;
+        let n = ts.retry_count;
+        // Task retries are part of the core, not of the resilience switch.
+        if n <= max {
+            let delay = backoff.jittered(n);
+            ts.status = TaskStatus::WaitingRetry;
+            ts.next_retry_at = Some(iso_millis(wall + delay));
+            ts.updated_at = iso_millis(wall);
+            self.rt_tasks.insert(
+                t.to_string(),
+                TaskRt {
+                    last_progress: now,
+                    last_output_ms: 0,
+                    last_step: String::new(),
+                    retry_due: Some(now + delay),
+                },
+            );
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Warn,
+                "task_failed",
+                format!("Task {t} failed (attempt {n} of {}): {why}; retrying in {:.1}s", max + 1, delay.as_secs_f64()),
+                json!({"task_id": t, "worker_id": w, "retry_count": n, "backoff_seconds": delay.as_secs_f64(), "error": why}),
+            );
+        } else {
+            self.fail_permanently(t, &format!("failed after {n} attempts: {why}"), wall);
+        }
+    }
+
+    /// Fails a task for good and blocks everything that depends on it.
+    pub(super) fn fail_permanently(&mut self, t: &str, why: &str, wall: SystemTime) {
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        ts.status = TaskStatus::Failed;
+        ts.error = Some(why.to_string());
+        ts.lease_id = None;
+        ts.updated_at = iso_millis(wall);
+        let w = ts.worker_id;
+        self.rt_tasks.remove(t);
+        self.event(
+            wall,
+            w.map(Source::Worker).unwrap_or(Source::Orchestrator),
+            Level::Error,
+            "task_failed_permanent",
+            format!("Task {t} failed: {why}"),
+            json!({"task_id": t, "error": why}),
+        );
+        let dependents = self.graph.dependents_closure(t);
+        let mut blocked = Vec::new();
+        for d in dependents {
+            if let Some(ds) = self.doc.tasks.get_mut(&d) {
+                if ds.status == TaskStatus::Complete {
+                    continue;
+                }
+                ds.status = TaskStatus::Blocked;
+                if !ds.blocked_by.contains(&t.to_string()) {
+                    ds.blocked_by.push(t.to_string());
+                }
+                ds.error = Some(format!("blocked: depends on failed task {t}"));
+                ds.updated_at = iso_millis(wall);
+                blocked.push(d);
+            }
+        }
+        if !blocked.is_empty() {
+            self.event(
+                wall,
+                Source::Orchestrator,
+                Level::Warn,
+                "tasks_blocked",
+                format!(
+                    "Blocked {} dependent task(s) of {t}: {}",
+                    blocked.len(),
+                    blocked.join(", ")
+                ),
+                json!({"task_id": t, "blocked": blocked}),
+            );
+        }
+    }
+}

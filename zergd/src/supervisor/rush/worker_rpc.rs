@@ -1,0 +1,704 @@
+//! What workers ask and report: registration, leases, heartbeats, completions, failures,
+//! escalations, and the checks of who is calling and which lease they hold.
+
+use super::*;
+
+impl Rush {
+    /// Any RPC from a worker proves it is alive; after a zergd restart it also ends the
+    /// worker's reconnect grace period.
+    pub(super) fn touch(&mut self, w: u32, now: Instant, wall: SystemTime) {
+        let rt = self.rt_workers.entry(w).or_default();
+        rt.registered = true;
+        rt.last_hb = Some(now);
+        if rt.reconnect_by.take().is_some() {
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Info,
+                "worker_ready",
+                format!("Worker {w} reconnected after zergd restart"),
+                json!({"worker_id": w}),
+            );
+        }
+    }
+
+    pub(super) fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), Status> {
+        match self.doc.workers.get(&r.worker_id.to_string()) {
+            Some(ws) if ws.generation == r.generation => Ok(()),
+            Some(ws) => Err(
+                Revocation::Superseded.mark(Status::failed_precondition(format!(
+                    "worker {} generation {} was superseded by generation {}",
+                    r.worker_id, r.generation, ws.generation
+                ))),
+            ),
+            None => Err(Status::not_found(format!("no worker slot {}", r.worker_id))),
+        }
+    }
+
+    /// Checks that a worker-plane call comes from the worker it names: on this rush's socket,
+    /// with the token of that slot's current generation. Runs before anything else looks at the
+    /// request.
+    pub fn authorize(&self, auth: &WorkerAuth, r: &v1::WorkerRef) -> Result<(), Status> {
+        if auth.rush_id != r.rush_id {
+            return Err(Status::permission_denied(format!(
+                "this worker socket serves rush {}, not {:?}",
+                auth.rush_id,
+                r.rush_id.chars().take(80).collect::<String>()
+            )));
+        }
+        let Some(hash) = auth.token_sha256.as_deref() else {
+            return Err(Status::unauthenticated(
+                "worker RPCs must carry the worker's token (authorization: Bearer <ZERG_WORKER_TOKEN>)",
+            ));
+        };
+        self.check_generation(r)?;
+        let ws = self
+            .doc
+            .workers
+            .get(&r.worker_id.to_string())
+            .ok_or_else(|| Status::not_found(format!("no worker slot {}", r.worker_id)))?;
+        if ws.token_sha256.is_empty() || ws.token_sha256 != hash {
+            return Err(Status::permission_denied(format!(
+                "the token does not belong to worker {} generation {}",
+                r.worker_id, r.generation
+            )));
+        }
+        Ok(())
+    }
+
+    /// A worker announced itself.
+    pub fn on_register(
+        &mut self,
+        req: v1::RegisterRequest,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Result<v1::RegisterReply, Status> {
+        let r = req.worker.unwrap_or_default();
+        self.check_generation(&r)?;
+        if self.is_terminal() {
+            return Err(Status::failed_precondition(format!(
+                "rush is {}",
+                self.state()
+            )));
+        }
+        let w = r.worker_id;
+        let rt = self.rt_workers.entry(w).or_default();
+        let reconnect = rt.reconnect_by.take().is_some();
+        rt.registered = true;
+        rt.last_hb = Some(now);
+        // A pid from inside a container means nothing on the host: never signal it.
+        if rt.spawned.is_none() && self.doc.rush.mode != Mode::Container {
+            rt.spawned = Some(Spawned {
+                pid: Some(req.pid),
+                start_time: crate::launcher::subprocess::proc_start_time(req.pid),
+                container_id: None,
+            });
+        }
+        let held = (!req.held_lease_id.is_empty())
+            .then(|| (req.held_task_id.clone(), req.held_lease_id.clone()))
+            .filter(|(t, l)| {
+                self.doc.tasks.get(t).and_then(|x| x.lease_id.as_deref()) == Some(l.as_str())
+            });
+        let ws = self.doc.workers.get_mut(&w.to_string()).expect("checked");
+        ws.ready_at = Some(iso_millis(wall));
+        ws.health_check_at = Some(iso_millis(wall));
+        ws.spawn_failures = 0;
+        ws.reason = None;
+        if let Some((t, _)) = &held {
+            ws.status = WorkerStatus::Running;
+            ws.current_task = Some(t.clone());
+            self.rt_tasks
+                .entry(t.clone())
+                .and_modify(|x| x.last_progress = now);
+        } else {
+            ws.status = WorkerStatus::Ready;
+        }
+        let msg = if reconnect {
+            format!("Worker {w} reconnected after zergd restart")
+        } else {
+            format!("Worker {w} ready")
+        };
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Info,
+            "worker_ready",
+            msg,
+            json!({"worker_id": w, "pid": req.pid}),
+        );
+        Ok(self.register_reply())
+    }
+
+    pub(super) fn register_reply(&self) -> v1::RegisterReply {
+        let vt = &self.config.verification_tiers;
+        let t = secs(vt.timeout_seconds).as_secs().max(1);
+        let tier = |tier, name: &str, command: &Option<String>, blocking| v1::VerificationTier {
+            tier,
+            name: name.into(),
+            command: command.clone().unwrap_or_default(),
+            blocking,
+            timeout_seconds: t,
+        };
+        v1::RegisterReply {
+            agent_command: self.config.agent.command.clone(),
+            agent_timeout_seconds: secs(self.config.agent.timeout_seconds).as_secs().max(1),
+            heartbeat_interval_ms: (self.config.workers.heartbeat_interval_seconds * 1000.0) as u64,
+            tiers: vec![
+                tier(1, "syntax", &vt.tier1_command, vt.tier1_blocking),
+                tier(2, "correctness", &vt.tier2_command, vt.tier2_blocking),
+                tier(3, "quality", &vt.tier3_command, vt.tier3_blocking),
+            ],
+            spec_context: self.spec_context.clone(),
+            feature: self.feature().to_string(),
+            tasks_total: self.graph.tasks.len() as u32,
+        }
+    }
+
+    /// A worker asks for its next task; the reply may be deferred until one is ready.
+    pub fn on_lease(
+        &mut self,
+        req: v1::LeaseRequest,
+        tx: LeaseReplyTx,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) {
+        let r = req.worker.unwrap_or_default();
+        if let Err(e) = self.check_generation(&r) {
+            let _ = tx.send(Err(e));
+            return;
+        }
+        let w = r.worker_id;
+        // Asking for a new lease while holding one means the old one was abandoned (for
+        // example the reply was lost): put it back so it is not stuck in progress.
+        let held = self
+            .doc
+            .workers
+            .get(&w.to_string())
+            .and_then(|x| x.current_task.clone());
+        if let Some(t) = held.filter(|t| self.task_status(t) == Some(TaskStatus::InProgress)) {
+            self.requeue(&t, "lease abandoned by its worker", wall);
+        }
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.current_task = None;
+            if ws.status == WorkerStatus::Running || ws.status == WorkerStatus::Starting {
+                ws.status = WorkerStatus::Ready;
+            }
+        }
+        self.touch(w, now, wall);
+        self.rt_workers.entry(w).or_default().parked = Some(tx);
+        self.dispatch(now, wall, fx);
+    }
+
+    /// Hands ready tasks to parked workers, or tells them to exit when nothing is left.
+    pub fn dispatch(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
+        if self.is_terminal() {
+            for (_, rt) in self.rt_workers.iter_mut() {
+                if let Some(tx) = rt.parked.take() {
+                    let reply = v1::LeaseReply {
+                        outcome: Some(v1::lease_reply::Outcome::Done(v1::Done {
+                            reason: format!("rush {}", self.doc.rush.state),
+                        })),
+                    };
+                    fx.reply(tx, Ok(reply));
+                }
+            }
+            return;
+        }
+        if self.state() != RushState::Running || self.merging || self.rate_limited(wall) {
+            return;
+        }
+        let parked: Vec<u32> = self
+            .rt_workers
+            .iter()
+            .filter(|(w, rt)| {
+                rt.parked.is_some() && self.worker_status(**w) == Some(WorkerStatus::Ready)
+            })
+            .map(|(w, _)| *w)
+            .collect();
+        if parked.is_empty() {
+            return;
+        }
+        let mut ready = self.ready_tasks().into_iter();
+        for w in parked {
+            let Some(task_id) = ready.next() else { break };
+            let tx = self
+                .rt_workers
+                .get_mut(&w)
+                .and_then(|r| r.parked.take())
+                .expect("parked");
+            let task = self.lease(&task_id, w, now, wall);
+            fx.reply(
+                tx,
+                Ok(v1::LeaseReply {
+                    outcome: Some(v1::lease_reply::Outcome::Task(task)),
+                }),
+            );
+        }
+    }
+
+    pub(super) fn rate_limited(&self, wall: SystemTime) -> bool {
+        self.doc.rush.rate_limited_until_ms > unix_millis(wall)
+    }
+
+    /// Pending tasks of the current level whose dependencies are complete, in graph order.
+    pub fn ready_tasks(&self) -> Vec<String> {
+        let level = self.doc.current_level;
+        self.graph
+            .tasks
+            .iter()
+            .filter(|t| t.level == level && self.task_status(&t.id) == Some(TaskStatus::Pending))
+            .filter(|t| {
+                t.dependencies
+                    .iter()
+                    .all(|d| self.task_status(d) == Some(TaskStatus::Complete))
+            })
+            .map(|t| t.id.clone())
+            .collect()
+    }
+
+    pub(super) fn lease(
+        &mut self,
+        task_id: &str,
+        w: u32,
+        now: Instant,
+        wall: SystemTime,
+    ) -> v1::Task {
+        let staging = self.doc.rush.staging_head.clone();
+        let base = self
+            .doc
+            .workers
+            .get(&w.to_string())
+            .map(|x| x.accepted_head.clone())
+            .filter(|h| !h.is_empty())
+            .unwrap_or(staging);
+        let ts = self.doc.tasks.get_mut(task_id).expect("task exists");
+        ts.leases += 1;
+        let lease_id = format!("{task_id}#{}", ts.leases);
+        ts.status = TaskStatus::InProgress;
+        ts.worker_id = Some(w);
+        ts.lease_id = Some(lease_id.clone());
+        ts.claimed_at = Some(iso_millis(wall));
+        ts.started_at = Some(iso_millis(wall));
+        ts.updated_at = iso_millis(wall);
+        ts.next_retry_at = None;
+        ts.base_commit = Some(base.clone());
+        let attempt = ts.retry_count + 1;
+        let resume_from = ts.resume_from.clone().unwrap_or_default();
+        self.rt_tasks.insert(
+            task_id.to_string(),
+            TaskRt {
+                last_progress: now,
+                last_output_ms: 0,
+                last_step: String::new(),
+                retry_due: None,
+            },
+        );
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.status = WorkerStatus::Running;
+            ws.current_task = Some(task_id.to_string());
+            ws.step = Some(Step::Initializing);
+            ws.progress_pct = 0;
+        }
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Info,
+            "task_claimed",
+            format!("Worker {w} claimed task {task_id}"),
+            json!({"task_id": task_id, "worker_id": w, "lease_id": lease_id, "attempt": attempt}),
+        );
+        let t = self.graph.task(task_id).expect("task in graph");
+        v1::Task {
+            lease_id,
+            id: t.id.clone(),
+            title: t.title.clone(),
+            description: t.description.clone(),
+            level: t.level,
+            files_create: t.files.create.clone(),
+            files_modify: t.files.modify.clone(),
+            files_read: t.files.read.clone(),
+            verification_command: t
+                .verification
+                .as_ref()
+                .map(|v| v.command.clone())
+                .unwrap_or_default(),
+            verification_timeout_seconds: t
+                .verification
+                .as_ref()
+                .map(|v| v.timeout_seconds)
+                .unwrap_or(30),
+            context: t.context.clone().unwrap_or_default(),
+            base_commit: base,
+            resume_from,
+            attempt,
+            acceptance_criteria: t.acceptance_criteria.clone(),
+        }
+    }
+
+    /// Checks that a report comes from the task's current lease (the fencing token).
+    pub(super) fn check_lease(
+        &self,
+        r: &v1::WorkerRef,
+        task_id: &str,
+        lease_id: &str,
+    ) -> Result<(), Status> {
+        self.check_generation(r)?;
+        let revoked = Revocation::Lease(lease_id.to_string());
+        let ts = self.doc.tasks.get(task_id).ok_or_else(|| {
+            revoked.mark(Status::not_found(format!(
+                "no task {:?}",
+                task_id.chars().take(80).collect::<String>()
+            )))
+        })?;
+        if ts.lease_id.as_deref() != Some(lease_id)
+            || ts.status != TaskStatus::InProgress
+            || ts.worker_id != Some(r.worker_id)
+        {
+            return Err(revoked.mark(Status::failed_precondition(format!(
+                "lease {lease_id} for task {task_id} is no longer valid (current: {}, status {})",
+                ts.lease_id.as_deref().unwrap_or("none"),
+                ts.status
+            ))));
+        }
+        Ok(())
+    }
+
+    /// A heartbeat from a worker's work loop.
+    pub fn on_heartbeat(
+        &mut self,
+        req: v1::HeartbeatRequest,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Result<(), Status> {
+        let r = req.worker.clone().unwrap_or_default();
+        self.check_generation(&r)?;
+        if !req.lease_id.is_empty() {
+            self.check_lease(&r, &req.task_id, &req.lease_id)?;
+        }
+        let step: Step = req
+            .step
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("step: {e}")))?;
+        let w = r.worker_id;
+        self.touch(w, now, wall);
+        let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.health_check_at = Some(iso_millis(wall));
+            ws.step = Some(step);
+            ws.progress_pct = req.progress_pct.min(100);
+        }
+        if recovered {
+            let status = if req.lease_id.is_empty() {
+                WorkerStatus::Ready
+            } else {
+                WorkerStatus::Running
+            };
+            self.set_worker_status(w, status, None);
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Info,
+                "heartbeat_recovered",
+                format!("Worker {w} heartbeat recovered"),
+                json!({"worker_id": w}),
+            );
+        }
+        if !req.lease_id.is_empty()
+            && let Some(trt) = self.rt_tasks.get_mut(&req.task_id)
+        {
+            // Only evidence of work refreshes the task's progress deadline: new output from
+            // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
+            // that a hung `claude -p` is making progress.
+            let mut started = false;
+            if req.last_output_ms > trt.last_output_ms || req.step != trt.last_step {
+                trt.last_progress = now;
+                trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
+                started = req.step == "implementing" && trt.last_step != "implementing";
+                trt.last_step = req.step;
+            }
+            if started {
+                let t = req.task_id.clone();
+                self.event(
+                    wall,
+                    Source::Worker(w),
+                    Level::Info,
+                    "task_started",
+                    format!("Worker {w} started task {t}: invoking the agent CLI"),
+                    json!({"task_id": t, "worker_id": w}),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// What to check about a commit a worker reports for its current lease (`Complete`, or a
+    /// checkpoint's WIP commit), or why the report is refused outright.
+    pub fn commit_check(
+        &self,
+        r: &v1::WorkerRef,
+        task_id: &str,
+        lease_id: &str,
+    ) -> Result<CommitCheck, Status> {
+        self.check_lease(r, task_id, lease_id)?;
+        let ts = &self.doc.tasks[task_id];
+        Ok(CommitCheck {
+            repo: self.paths.repo.clone(),
+            worker: r.worker_id,
+            branch: worker_branch(self.feature(), r.worker_id),
+            base: ts.base_commit.clone().unwrap_or_default(),
+            protected: format!(".gsd/specs/{}", self.feature()),
+            container: self.doc.rush.mode == Mode::Container,
+            feature: self.feature().to_string(),
+            task: task_id.to_string(),
+        })
+    }
+
+    /// A reported commit failed zergd's checks: the attempt fails (and is retried with
+    /// backoff, up to the retry limit) and the worker is told its lease is over.
+    pub fn refuse_commit(
+        &mut self,
+        req: &v1::CompleteRequest,
+        why: &str,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Status {
+        let r = req.worker.clone().unwrap_or_default();
+        let task_id = req.task_id.as_str();
+        if let Err(e) = self.check_lease(&r, task_id, &req.lease_id) {
+            return e;
+        }
+        let w = r.worker_id;
+        self.touch(w, now, wall);
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.current_task = None;
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
+        }
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Warn,
+            "commit_refused",
+            format!("Worker {w} reported a commit for {task_id} that zergd refused: {why}"),
+            json!({"task_id": task_id, "worker_id": w, "reason": why}),
+        );
+        self.fail_attempt(task_id, w, &format!("commit refused: {why}"), now, wall);
+        self.check_level_done(now, wall, fx);
+        self.dispatch(now, wall, fx);
+        Status::failed_precondition(format!("commit refused: {why}"))
+    }
+
+    /// The inputs of the compatible `heartbeat-<id>.json` and `progress-<id>.json` files of a
+    /// worker, as zergd last heard from it.
+    pub fn worker_files(
+        &self,
+        w: u32,
+        wall: SystemTime,
+    ) -> Option<(serde_json::Value, serde_json::Value)> {
+        let ws = self.doc.workers.get(&w.to_string())?;
+        let step = ws.step.unwrap_or(Step::Initializing);
+        let hb = json!({
+            "worker_id": w,
+            "timestamp": humantime::format_rfc3339_seconds(wall).to_string(),
+            "task_id": ws.current_task,
+            "step": step,
+            "progress_pct": ws.progress_pct,
+        });
+        let tiers = self
+            .rt_workers
+            .get(&w)
+            .map(|rt| rt.tiers.clone())
+            .unwrap_or_default();
+        let progress = json!({
+            "worker_id": w,
+            "tasks_completed": ws.tasks_completed,
+            "tasks_total": self.graph.tasks.len(),
+            "current_task": ws.current_task,
+            "current_step": step,
+            "tier_results": tiers,
+        });
+        Some((hb, progress))
+    }
+
+    /// Keeps the tier results of a slot's last attempt for its progress file.
+    pub(super) fn record_tiers(&mut self, w: u32, task_id: &str, tiers: &[v1::TierResult]) {
+        let retry = self
+            .doc
+            .tasks
+            .get(task_id)
+            .map(|t| t.retry_count)
+            .unwrap_or(0);
+        self.rt_workers.entry(w).or_default().tiers = tiers
+            .iter()
+            .map(|t| json!({"tier": t.tier, "name": t.name, "success": t.success, "retry": retry}))
+            .collect();
+    }
+
+    /// A worker committed its task.
+    pub fn on_complete(
+        &mut self,
+        req: v1::CompleteRequest,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Result<(), Status> {
+        let r = req.worker.clone().unwrap_or_default();
+        self.check_lease(&r, &req.task_id, &req.lease_id)?;
+        let w = r.worker_id;
+        self.touch(w, now, wall);
+        self.record_tiers(w, &req.task_id, &req.tiers);
+        let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
+        ts.cost_usd += req.cost_usd.max(0.0);
+        ts.status = TaskStatus::Complete;
+        ts.commit = Some(req.commit.clone());
+        ts.completed_at = Some(iso_millis(wall));
+        ts.updated_at = iso_millis(wall);
+        ts.duration_ms = Some(req.duration_ms);
+        ts.error = None;
+        ts.resume_from = None;
+        ts.out_of_scope = req.out_of_scope.clone();
+        self.rt_tasks.remove(&req.task_id);
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.accepted_head = req.commit.clone();
+            ws.tasks_completed += 1;
+            ws.current_task = None;
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
+        }
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Info,
+            "task_complete",
+            format!("Worker {w} completed task {} ({})", req.task_id, req.commit.chars().take(10).collect::<String>()),
+            json!({"task_id": req.task_id, "worker_id": w, "commit": req.commit, "duration_ms": req.duration_ms}),
+        );
+        if !req.out_of_scope.is_empty() {
+            let warning = format!(
+                "task {} changed files outside its ownership: {}",
+                req.task_id,
+                req.out_of_scope.join(", ")
+            );
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Warn,
+                "task_out_of_scope",
+                warning,
+                json!({"task_id": req.task_id, "files": req.out_of_scope}),
+            );
+        }
+        self.check_level_done(now, wall, fx);
+        self.dispatch(now, wall, fx);
+        Ok(())
+    }
+
+    /// A worker reports a task that did not finish.
+    pub fn on_fail(
+        &mut self,
+        req: v1::FailRequest,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Result<(), Status> {
+        let r = req.worker.clone().unwrap_or_default();
+        self.check_lease(&r, &req.task_id, &req.lease_id)?;
+        let w = r.worker_id;
+        self.touch(w, now, wall);
+        self.record_tiers(w, &req.task_id, &req.tiers);
+        let t = req.task_id.clone();
+        if let Some(ts) = self.doc.tasks.get_mut(&t) {
+            ts.cost_usd += req.cost_usd.max(0.0);
+        }
+        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.current_task = None;
+            ws.status = WorkerStatus::Ready;
+            ws.step = Some(Step::Idle);
+        }
+        // An unknown kind is an ordinary failed attempt.
+        let kind: Option<FailKind> = req.kind.parse().ok();
+        match kind {
+            Some(FailKind::RateLimited) => {
+                let until = if req.retry_at_ms > unix_millis(wall) {
+                    from_unix_millis(req.retry_at_ms)
+                } else {
+                    wall + self.task_backoff().jittered(1)
+                };
+                self.doc.rush.rate_limited_until_ms = unix_millis(until);
+                self.requeue(&t, "rate limited", wall);
+                self.event(
+                    wall,
+                    Source::Worker(w),
+                    Level::Warn,
+                    "rate_limited",
+                    format!(
+                        "Worker {w} hit the agent's usage limit on {t}; new work paused until {} (reason: retrying before the reset would fail again; the attempt is not counted)",
+                        iso_millis(until)
+                    ),
+                    json!({"task_id": t, "worker_id": w, "until": iso_millis(until)}),
+                );
+            }
+            Some(FailKind::Checkpoint) => {
+                if let Some(ts) = self.doc.tasks.get_mut(&t) {
+                    ts.resume_from =
+                        (!req.checkpoint_commit.is_empty()).then(|| req.checkpoint_commit.clone());
+                }
+                self.requeue(&t, "checkpoint", wall);
+            }
+            Some(FailKind::AgentMissing) => {
+                self.set_worker_status(w, WorkerStatus::Ready, Some(req.message.clone()));
+                self.requeue(
+                    &t,
+                    &format!("worker cannot run the agent: {}", req.message),
+                    wall,
+                );
+            }
+            Some(FailKind::Escalated) => {
+                self.fail_permanently(&t, &format!("escalated: {}", req.message), wall);
+            }
+            _ => {
+                let kind = kind.map(FailKind::as_str).unwrap_or("failed");
+                self.fail_attempt(&t, w, &format!("{kind}: {}", req.message), now, wall);
+            }
+        }
+        self.check_level_done(now, wall, fx);
+        self.dispatch(now, wall, fx);
+        Ok(())
+    }
+
+    /// An escalation from a worker.
+    pub fn on_escalate(
+        &mut self,
+        req: v1::EscalateRequest,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Result<(), Status> {
+        let r = req.worker.clone().unwrap_or_default();
+        self.check_generation(&r)?;
+        let esc = v1::Escalation {
+            worker_id: r.worker_id,
+            task_id: req.task_id.clone(),
+            category: req.category.clone(),
+            message: req.message.clone(),
+            timestamp: iso_millis(wall),
+            resolved: false,
+            context_json: req.context_json.clone(),
+        };
+        self.escalations.push(esc.clone());
+        fx.escalations.push(esc);
+        self.event(
+            wall,
+            Source::Worker(r.worker_id),
+            Level::Warn,
+            "escalation_created",
+            format!(
+                "ESCALATION from Worker {} on {} [{}]: {}",
+                r.worker_id, req.task_id, req.category, req.message
+            ),
+            json!({"task_id": req.task_id, "category": req.category, "message": req.message}),
+        );
+        Ok(())
+    }
+}

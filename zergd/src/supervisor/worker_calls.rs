@@ -1,0 +1,176 @@
+//! Worker RPCs: who is calling is settled first, then the call goes to the rush; reported
+//! commits are checked off the actor before they are accepted.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn handle_worker(
+        &mut self,
+        auth: WorkerAuth,
+        c: WorkerCmd,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        fn who(r: &Option<v1::WorkerRef>) -> v1::WorkerRef {
+            r.clone().unwrap_or_default()
+        }
+        let me = match &c {
+            WorkerCmd::Register(req, _) => who(&req.worker),
+            WorkerCmd::Lease(req, _) => who(&req.worker),
+            WorkerCmd::Heartbeat(req, _) => who(&req.worker),
+            WorkerCmd::Complete(req, _) => who(&req.worker),
+            WorkerCmd::Fail(req, _) => who(&req.worker),
+            WorkerCmd::Escalate(req, _) => who(&req.worker),
+        };
+        // Who is calling is settled before anything looks at what it asks.
+        let checked = match self.rushes.get(&auth.rush_id) {
+            Some(r) => r.authorize(&auth, &me),
+            None => Err(Status::not_found(format!(
+                "zergd knows no rush {}",
+                auth.rush_id
+            ))),
+        };
+        if let Err(e) = checked {
+            tracing::warn!(rush = %auth.rush_id, worker = me.worker_id, error = %e.message(), "worker RPC refused");
+            c.refuse(e);
+            return;
+        }
+        let id = auth.rush_id;
+        match c {
+            WorkerCmd::Register(req, reply) => {
+                self.reply_in(&id, reply, |r, _| r.on_register(req, now, wall));
+            }
+            WorkerCmd::Lease(req, reply) => {
+                self.with_rush(&id, |r, fx| r.on_lease(req, reply, now, wall, fx));
+            }
+            WorkerCmd::Heartbeat(req, reply) => {
+                let w = me.worker_id;
+                let Some(r) = self.rushes.get_mut(&id) else {
+                    return;
+                };
+                let res = r.on_heartbeat(req, now, wall);
+                if res.is_ok()
+                    && let Some((hb, progress)) = r.worker_files(w, wall)
+                {
+                    let dir = r.paths.state_dir.clone();
+                    tokio::task::spawn_blocking(move || {
+                        crate::state::write_worker_files(&dir, w, &hb, &progress)
+                    });
+                }
+                let _ = reply.send(res);
+            }
+            WorkerCmd::Complete(req, reply) => {
+                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+                match check {
+                    Ok(check) => self.verify(
+                        &id,
+                        check,
+                        req.commit.clone(),
+                        Pending::Complete(req, reply),
+                    ),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            WorkerCmd::Fail(req, reply) if !req.checkpoint_commit.is_empty() => {
+                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+                match check {
+                    Ok(check) => self.verify(
+                        &id,
+                        check,
+                        req.checkpoint_commit.clone(),
+                        Pending::Checkpoint(req, reply),
+                    ),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            WorkerCmd::Fail(req, reply) => {
+                self.reply_in(&id, reply, |r, fx| {
+                    r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
+                });
+            }
+            WorkerCmd::Escalate(req, reply) => {
+                self.reply_in(&id, reply, |r, fx| {
+                    r.on_escalate(req, wall, fx).map(|_| v1::Ack {})
+                });
+            }
+        }
+    }
+
+    /// Checks a reported commit off the actor thread (importing a container's objects first),
+    /// then hands the report back as [`Event::Verified`].
+    pub(super) fn verify(&self, rush: &str, check: CommitCheck, commit: String, pending: Pending) {
+        let tx = self.tx.clone();
+        let rush = rush.to_string();
+        tokio::task::spawn_blocking(move || {
+            let result = verify_commit(&check, &commit, matches!(pending, Pending::Checkpoint(..)));
+            let _ = tx.send(Event::Verified {
+                rush,
+                pending,
+                result,
+            });
+        });
+    }
+
+    pub(super) fn on_verified(
+        &mut self,
+        rush: &str,
+        pending: Pending,
+        result: Result<(), String>,
+        now: Instant,
+        wall: std::time::SystemTime,
+    ) {
+        match pending {
+            Pending::Complete(req, reply) => match result {
+                Ok(()) => self.reply_in(rush, reply, |r, fx| {
+                    r.on_complete(req, now, wall, fx).map(|_| v1::Ack {})
+                }),
+                Err(why) => self.reply_in(rush, reply, |r, fx| {
+                    Err(r.refuse_commit(&req, &why, now, wall, fx))
+                }),
+            },
+            Pending::Checkpoint(mut req, reply) => {
+                if let Err(why) = result {
+                    tracing::warn!(task = %req.task_id, reason = %why, "checkpoint commit refused; the task restarts from scratch");
+                    req.checkpoint_commit.clear();
+                }
+                self.reply_in(rush, reply, |r, fx| {
+                    r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
+                });
+            }
+        }
+    }
+}
+
+/// [`crate::git::check_task_commit`] for a worker's report, after importing what a container
+/// wrote. An accepted commit also moves the worker's branch on the host (a container cannot),
+/// and a checkpoint gets the ref that keeps it reachable.
+pub(super) fn verify_commit(
+    check: &CommitCheck,
+    commit: &str,
+    checkpoint: bool,
+) -> Result<(), String> {
+    if check.container
+        && let Err(e) = crate::launcher::container::import_worker_objects(&check.repo, check.worker)
+    {
+        return Err(format!("cannot import the worker's git objects: {e}"));
+    }
+    crate::git::check_task_commit(&check.repo, &check.base, commit, &check.protected)?;
+    if checkpoint {
+        let r = format!("refs/zerg/{}/wip/{}", check.feature, check.task);
+        if let Err(e) = crate::git::set_ref(&check.repo, &r, commit) {
+            tracing::warn!(error = %e, "cannot keep the checkpoint reachable");
+        }
+    } else if crate::git::rev(&check.repo, &format!("refs/heads/{}", check.branch)).as_deref()
+        != Some(commit)
+    {
+        let old = (!check.base.is_empty()).then_some(check.base.as_str());
+        if let Err(e) = crate::git::move_branch(&check.repo, &check.branch, commit, old) {
+            tracing::debug!(error = %e, "worker branch not moved (it moved meanwhile)");
+        }
+    }
+    Ok(())
+}
