@@ -1,0 +1,81 @@
+//! The connection to zergd's worker plane: connecting with backoff, telling transport errors
+//! from refusals, and the heartbeat stream.
+
+use super::*;
+
+/// Whether an RPC error means "zergd is not reachable right now" (worth reconnecting).
+pub(super) fn is_transport(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    )
+}
+
+/// Connects to the socket, retrying with capped exponential backoff (0.5 s to 5 s).
+pub(super) async fn connect_retrying(socket: &Path, timeout: Duration) -> Result<Channel, String> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match zerg_proto::transport::connect(socket).await {
+            Ok(ch) => return Ok(ch),
+            Err(e) if start.elapsed() < timeout => {
+                eprintln!(
+                    "zerg-worker-agent: cannot reach zergd at {} ({e}); retrying in {delay:?}",
+                    socket.display()
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot reach zergd at {} for {timeout:?}: {e}",
+                    socket.display()
+                ));
+            }
+        }
+    }
+}
+
+/// Keeps a client-streaming Heartbeat RPC open and feeds it from the work loop; reconnects when
+/// zergd goes away; reports a refused heartbeat (revoked lease) through `abort`.
+pub(super) async fn heartbeat_loop(
+    env: Env,
+    mut rx: mpsc::Receiver<v1::HeartbeatRequest>,
+    abort: watch::Sender<Option<Revocation>>,
+) {
+    let mut pending: Option<v1::HeartbeatRequest> = None;
+    loop {
+        let ch = match connect_retrying(&env.socket, env.reconnect_timeout).await {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let mut client = env.client(ch);
+        let (tx, inner) = mpsc::channel(16);
+        if let Some(p) = pending.take() {
+            let _ = tx.try_send(p);
+        }
+        let call = client.heartbeat(ReceiverStream::new(inner));
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                res = &mut call => {
+                    if let Err(s) = res
+                        && let Some(r) = Revocation::of_status(&s) {
+                            let _ = abort.send(Some(r));
+                        }
+                    break;
+                }
+                m = rx.recv() => match m {
+                    None => return,
+                    Some(m) => {
+                        if tx.send(m.clone()).await.is_err() {
+                            pending = Some(m);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

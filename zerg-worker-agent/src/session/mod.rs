@@ -1,0 +1,283 @@
+//! The worker's session with zergd: register, the lease loop, and one task's execution.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use zerg_proto::v1;
+use zerg_proto::v1::worker_client::WorkerClient;
+
+use crate::exit;
+use crate::prompt::{self, CHECKPOINT_FILE, ESCALATION_FILE};
+use crate::run::{self, Outcome, Spec, now_ms};
+use zerg_proto::contract::{Revocation, env};
+
+/// Repeats an RPC across reconnects.
+macro_rules! retrying {
+    ($self:ident, |$c:ident| $call:expr) => {{
+        loop {
+            let mut $c = $self.client.clone();
+            match $call.await {
+                Ok(r) => break Ok(r.into_inner()),
+                Err(s) if is_transport(&s) => {
+                    if let Err(e) = $self.reconnect().await {
+                        break Err(Status::unavailable(e));
+                    }
+                }
+                Err(s) => break Err(s),
+            }
+        }
+    }};
+}
+
+mod connection;
+mod environment;
+mod handoff;
+mod task;
+
+use connection::*;
+pub use environment::Env;
+use environment::*;
+use handoff::read_json;
+
+/// What happened to a task.
+enum TaskEnd {
+    /// Reported to zergd (success or failure); lease the next one.
+    Next,
+    /// Exit the worker with this code.
+    Exit(u8),
+}
+
+/// A running worker.
+pub struct Session {
+    env: Env,
+    client: Client,
+    cfg: v1::RegisterReply,
+    hb_tx: mpsc::Sender<v1::HeartbeatRequest>,
+    abort_rx: watch::Receiver<Option<Revocation>>,
+    last_output: Arc<AtomicI64>,
+    current: Option<(String, String)>,
+    step: &'static str,
+    progress: u32,
+    tasks_completed: u32,
+    tiers: Vec<v1::TierResult>,
+    identity: Vec<(String, String)>,
+    /// Cost the agent CLI reported for the current attempt.
+    attempt_cost: f64,
+}
+
+impl Session {
+    /// Connects, registers and starts the heartbeat stream.
+    pub async fn start(env: Env) -> Result<Session, String> {
+        let ch = connect_retrying(&env.socket, env.reconnect_timeout).await?;
+        let mut client = env.client(ch);
+        let reg = v1::RegisterRequest {
+            worker: Some(env.me()),
+            pid: std::process::id() as i32,
+            ..Default::default()
+        };
+        let cfg = client
+            .register(reg)
+            .await
+            .map_err(|s| format!("zergd refused registration: {}", s.message()))?
+            .into_inner();
+        let (hb_tx, hb_rx) = mpsc::channel(16);
+        let (abort_tx, abort_rx) = watch::channel(None);
+        tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx));
+        // Commits need an identity; use the user's git config when it has one.
+        let identity = match run::git(&env.worktree, &["config", "user.email"]).await {
+            Ok(e) if !e.is_empty() => vec![],
+            _ => {
+                let name = format!("ZERG Worker {}", env.worker_id);
+                vec![
+                    ("GIT_AUTHOR_NAME".to_string(), name.clone()),
+                    ("GIT_COMMITTER_NAME".to_string(), name),
+                    (
+                        "GIT_AUTHOR_EMAIL".to_string(),
+                        "zerg-worker@local".to_string(),
+                    ),
+                    (
+                        "GIT_COMMITTER_EMAIL".to_string(),
+                        "zerg-worker@local".to_string(),
+                    ),
+                ]
+            }
+        };
+        eprintln!(
+            "zerg-worker-agent: worker {} registered for rush {}",
+            env.worker_id, env.rush_id
+        );
+        Ok(Session {
+            env,
+            client,
+            cfg,
+            hb_tx,
+            abort_rx,
+            last_output: Arc::new(AtomicI64::new(0)),
+            current: None,
+            step: "initializing",
+            progress: 0,
+            tasks_completed: 0,
+            tiers: Vec::new(),
+            identity,
+            attempt_cost: 0.0,
+        })
+    }
+
+    /// Reconnects after zergd went away (it may have restarted) and registers again, telling it
+    /// which lease this worker still holds.
+    async fn reconnect(&mut self) -> Result<(), String> {
+        let ch = connect_retrying(&self.env.socket, self.env.reconnect_timeout).await?;
+        self.client = self.env.client(ch);
+        let (held_task_id, held_lease_id) = self.current.clone().unwrap_or_default();
+        let reg = v1::RegisterRequest {
+            worker: Some(self.env.me()),
+            pid: std::process::id() as i32,
+            held_lease_id,
+            held_task_id,
+        };
+        let deadline = Instant::now() + self.env.reconnect_timeout;
+        loop {
+            match self.client.register(reg.clone()).await {
+                Ok(r) => {
+                    self.cfg = r.into_inner();
+                    eprintln!("zerg-worker-agent: re-registered with zergd");
+                    return Ok(());
+                }
+                Err(s) if is_transport(&s) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                Err(s) => return Err(format!("zergd refused re-registration: {}", s.message())),
+            }
+        }
+    }
+
+    fn hb_interval(&self) -> Duration {
+        Duration::from_millis(self.cfg.heartbeat_interval_ms.max(100))
+    }
+
+    /// Sends a heartbeat (zergd writes the compatible heartbeat and progress files from it).
+    fn beat(&self) {
+        let (task_id, lease_id) = self.current.clone().unwrap_or_default();
+        let hb = v1::HeartbeatRequest {
+            worker: Some(self.env.me()),
+            lease_id,
+            task_id: task_id.clone(),
+            step: self.step.to_string(),
+            progress_pct: self.progress,
+            timestamp_ms: now_ms(),
+            last_output_ms: self.last_output.load(Ordering::Relaxed),
+        };
+        let _ = self.hb_tx.try_send(hb);
+    }
+
+    fn set_step(&mut self, step: &'static str, progress: u32) {
+        self.step = step;
+        self.progress = progress;
+        self.beat();
+    }
+
+    /// The lease loop. Returns the process exit code.
+    pub async fn run(&mut self) -> u8 {
+        loop {
+            self.current = None;
+            self.set_step("idle", 0);
+            let lease = match self.lease().await {
+                Ok(l) => l,
+                Err(s) => {
+                    eprintln!("zerg-worker-agent: lease failed: {}", s.message());
+                    return exit::ERROR;
+                }
+            };
+            match lease.outcome {
+                Some(v1::lease_reply::Outcome::Task(task)) => match self.run_task(task).await {
+                    TaskEnd::Next => continue,
+                    TaskEnd::Exit(code) => return code,
+                },
+                Some(v1::lease_reply::Outcome::Wait(w)) => {
+                    tokio::time::sleep(Duration::from_millis(w.retry_after_ms.clamp(100, 30_000)))
+                        .await;
+                }
+                Some(v1::lease_reply::Outcome::Done(d)) => {
+                    eprintln!(
+                        "zerg-worker-agent: no work left ({}); {} task(s) completed",
+                        d.reason, self.tasks_completed
+                    );
+                    return exit::SUCCESS;
+                }
+                None => return exit::ERROR,
+            }
+        }
+    }
+
+    /// Waits for a lease while heartbeating as idle (a parked worker is alive, not stale).
+    async fn lease(&mut self) -> Result<v1::LeaseReply, Status> {
+        loop {
+            let mut c = self.client.clone();
+            let req = v1::LeaseRequest {
+                worker: Some(self.env.me()),
+            };
+            let fut = c.lease(req);
+            tokio::pin!(fut);
+            let mut tick = tokio::time::interval(self.hb_interval());
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let res = loop {
+                tokio::select! {
+                    r = &mut fut => break r,
+                    _ = tick.tick() => self.beat(),
+                }
+            };
+            match res {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if is_transport(&s) => {
+                    self.reconnect().await.map_err(Status::unavailable)?
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    /// Runs a child process while heartbeating; `None` when zergd revoked the lease meanwhile.
+    async fn supervise(&mut self, spec: Spec<'_>) -> Option<std::io::Result<Outcome>> {
+        let lease = self
+            .current
+            .as_ref()
+            .map(|(_, l)| l.clone())
+            .unwrap_or_default();
+        let last = self.last_output.clone();
+        let fut = run::run(spec, last);
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(self.hb_interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                r = &mut fut => return Some(r),
+                _ = tick.tick() => self.beat(),
+                changed = self.abort_rx.changed() => {
+                    if changed.is_ok() {
+                        let revoked = self.abort_rx.borrow().clone();
+                        match revoked {
+                            Some(Revocation::Lease(l)) if l == lease => {
+                                eprintln!("zerg-worker-agent: zergd revoked lease {lease}");
+                                return None;
+                            }
+                            Some(Revocation::Superseded) => {
+                                eprintln!("zerg-worker-agent: a newer worker generation replaced this one");
+                                return None;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

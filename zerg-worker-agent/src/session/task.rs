@@ -1,0 +1,454 @@
+//! One task: preparing the worktree, the agent CLI, the verification tiers, the commit and
+//! the report.
+
+use super::*;
+
+impl Session {
+    pub(super) fn task_dir(&self) -> PathBuf {
+        self.env.worktree.join(".zerg-task")
+    }
+
+    /// Pathspecs that keep the handoff directory out of commits. Paths that git already ignores
+    /// are left out: naming an ignored path makes `git add` fail.
+    pub(super) async fn pathspec_excludes(&self) -> Vec<String> {
+        // The spec is not excluded here (in a container it is ignored, and naming an ignored
+        // path fails `git add`): `restore_spec` puts it back in the index instead.
+        let paths = vec![".zerg-task".to_string()];
+        let mut v = Vec::new();
+        for p in paths {
+            if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
+                .await
+                .is_err()
+            {
+                v.push(format!(":(exclude){p}"));
+            }
+        }
+        v
+    }
+
+    /// Resets the worktree to the commit zergd gave, so every task starts from a known state.
+    pub(super) async fn prepare_worktree(&self, task: &v1::Task) -> Result<(), String> {
+        let wt = &self.env.worktree;
+        // An earlier process of this slot may have been killed in the middle of a git command.
+        // The slot's worktree is this process's alone, so its lock files are stale.
+        remove_stale_locks(wt).await;
+        let base = if task.base_commit.is_empty() {
+            "HEAD"
+        } else {
+            task.base_commit.as_str()
+        };
+        run::git(wt, &["reset", "--hard", "-q", base]).await?;
+        let rel = self.env.spec_rel();
+        run::git(wt, &["clean", "-fdq", "-e", ".zerg-task", "-e", &rel]).await?;
+        let td = self.task_dir();
+        let _ = tokio::fs::remove_dir_all(&td).await;
+        tokio::fs::create_dir_all(&td)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", td.display()))?;
+        if !task.resume_from.is_empty()
+            && let Err(e) = run::git(wt, &["cherry-pick", "--no-commit", &task.resume_from]).await
+        {
+            eprintln!(
+                "zerg-worker-agent: cannot resume from checkpoint {}: {e}; starting fresh",
+                task.resume_from
+            );
+            let _ = run::git(wt, &["cherry-pick", "--abort"]).await;
+            if !task.base_commit.is_empty() {
+                run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn fail(
+        &mut self,
+        task: &v1::Task,
+        kind: &str,
+        message: String,
+        retry_at_ms: i64,
+        checkpoint: String,
+    ) -> TaskEnd {
+        let tiers = self.tier_results();
+        let req = v1::FailRequest {
+            worker: Some(self.env.me()),
+            lease_id: task.lease_id.clone(),
+            task_id: task.id.clone(),
+            kind: kind.to_string(),
+            message,
+            tiers,
+            retry_at_ms,
+            checkpoint_commit: checkpoint,
+            cost_usd: self.attempt_cost,
+        };
+        match retrying!(self, |c| c.fail(req.clone())) {
+            Ok(_) => TaskEnd::Next,
+            Err(s) if s.code() == Code::FailedPrecondition => TaskEnd::Next,
+            Err(s) => {
+                eprintln!("zerg-worker-agent: cannot report failure: {}", s.message());
+                TaskEnd::Exit(exit::ERROR)
+            }
+        }
+    }
+
+    pub(super) fn tier_results(&self) -> Vec<v1::TierResult> {
+        self.tiers.clone()
+    }
+
+    pub(super) async fn run_task(&mut self, task: v1::Task) -> TaskEnd {
+        let started = Instant::now();
+        self.current = Some((task.id.clone(), task.lease_id.clone()));
+        self.tiers.clear();
+        self.attempt_cost = 0.0;
+        self.last_output.store(0, Ordering::Relaxed);
+        eprintln!(
+            "zerg-worker-agent: task {} (attempt {}, lease {})",
+            task.id, task.attempt, task.lease_id
+        );
+        self.set_step("loading_context", 5);
+        if let Err(e) = self.prepare_worktree(&task).await {
+            return self
+                .fail(
+                    &task,
+                    "agent_failed",
+                    format!("cannot prepare the worktree: {e}"),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
+        let prompt = prompt::build(&task, &self.cfg.spec_context);
+
+        // The agent CLI.
+        self.set_step("implementing", 10);
+        let mut argv = self.cfg.agent_command.clone();
+        argv.push(prompt);
+        let task_dir = self.task_dir();
+        let artifacts = self.env.log_dir.join("tasks").join(&task.id);
+        let mut env = vec![
+            (env::TASK_ID.to_string(), task.id.clone()),
+            (
+                env::TASK_DIR.to_string(),
+                task_dir.to_string_lossy().to_string(),
+            ),
+        ];
+        env.extend(self.identity.iter().cloned());
+        let spec = Spec {
+            argv: argv.clone(),
+            cwd: &self.env.worktree.clone(),
+            env: env.clone(),
+            timeout: Duration::from_secs(self.cfg.agent_timeout_seconds.max(1)),
+            artifact: Some(artifacts.join("agent-output.txt")),
+            own_group: false,
+            result_grace: run::RESULT_GRACE,
+        };
+        let outcome = match self.supervise(spec).await {
+            None => return self.abandon(&task).await,
+            Some(Ok(o)) => o,
+            Some(Err(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                let msg = format!(
+                    "agent command '{}' cannot be run ({e}); install it or set agent.command in .zerg/config.yaml",
+                    argv[0]
+                );
+                eprintln!("zerg-worker-agent: {msg}");
+                self.fail(&task, "agent_missing", msg, 0, String::new())
+                    .await;
+                return TaskEnd::Exit(exit::BLOCKED);
+            }
+            Some(Err(e)) => {
+                return self
+                    .fail(
+                        &task,
+                        "agent_failed",
+                        format!("cannot run the agent: {e}"),
+                        0,
+                        String::new(),
+                    )
+                    .await;
+            }
+        };
+
+        self.attempt_cost = outcome.cost_usd.unwrap_or(0.0);
+        if outcome.lingered {
+            eprintln!(
+                "zerg-worker-agent: the agent CLI printed its result but did not exit within {:?}; stopped it",
+                run::RESULT_GRACE
+            );
+        }
+
+        // Handoffs the agent CLI may have left.
+        if let Some(esc) = read_json(&task_dir.join(ESCALATION_FILE)) {
+            return self.escalate(&task, esc).await;
+        }
+        if let Some(cp) = read_json(&task_dir.join(CHECKPOINT_FILE)) {
+            return self.checkpoint(&task, cp).await;
+        }
+        // A usage limit only counts when the run failed: a successful run may merely mention one.
+        if let Some(reset) = outcome.rate_limit.filter(|_| !outcome.success()) {
+            return self
+                .fail(
+                    &task,
+                    "rate_limited",
+                    format!("agent reported a usage limit: {}", last_line(&outcome.tail)),
+                    reset,
+                    String::new(),
+                )
+                .await;
+        }
+        if outcome.timed_out {
+            return self
+                .fail(
+                    &task,
+                    "agent_timeout",
+                    format!(
+                        "agent ran longer than {}s (agent.timeout_seconds)",
+                        self.cfg.agent_timeout_seconds
+                    ),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
+        if !outcome.success() {
+            let code = outcome
+                .code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "signal".into());
+            return self
+                .fail(
+                    &task,
+                    "agent_failed",
+                    format!("agent exited {code}: {}", last_line(&outcome.tail)),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
+
+        // Three-tier verification.
+        let tiers = self.cfg.tiers.clone();
+        for (i, t) in tiers.iter().enumerate() {
+            let (cmd, timeout) = if !t.command.is_empty() {
+                (t.command.clone(), t.timeout_seconds)
+            } else if t.tier == 2 && !task.verification_command.is_empty() {
+                (
+                    task.verification_command.clone(),
+                    task.verification_timeout_seconds,
+                )
+            } else {
+                continue;
+            };
+            let step = match t.tier {
+                1 => "verifying_tier1",
+                2 => "verifying_tier2",
+                _ => "verifying_tier3",
+            };
+            self.set_step(step, 70 + 10 * i as u32);
+            let spec = Spec {
+                argv: vec!["sh".into(), "-c".into(), cmd.clone()],
+                cwd: &self.env.worktree.clone(),
+                env: env.clone(),
+                timeout: Duration::from_secs(timeout.max(1)),
+                artifact: Some(artifacts.join(format!("verification-tier{}.txt", t.tier))),
+                own_group: true,
+                // Verification commands print no stream-json; a stray match must not cut them short.
+                result_grace: Duration::from_secs(timeout.max(1)),
+            };
+            let o = match self.supervise(spec).await {
+                None => return self.abandon(&task).await,
+                Some(Ok(o)) => o,
+                Some(Err(e)) => Outcome {
+                    tail: format!("cannot run sh: {e}"),
+                    ..Default::default()
+                },
+            };
+            self.tiers.push(v1::TierResult {
+                tier: t.tier,
+                name: t.name.clone(),
+                success: o.success(),
+                blocking: t.blocking,
+                exit_code: o.code.unwrap_or(-1),
+                output_tail: last_line(&o.tail),
+            });
+            if !o.success() && t.blocking {
+                let why = if o.timed_out {
+                    format!("timed out after {timeout}s")
+                } else {
+                    format!("exit {}", o.code.unwrap_or(-1))
+                };
+                return self
+                    .fail(
+                        &task,
+                        "verification_failed",
+                        format!(
+                            "tier {} ({}) `{cmd}` failed ({why}): {}",
+                            t.tier,
+                            t.name,
+                            last_line(&o.tail)
+                        ),
+                        0,
+                        String::new(),
+                    )
+                    .await;
+            }
+        }
+
+        // Commit.
+        self.set_step("committing", 95);
+        let commit = match self.commit(&task).await {
+            Ok(c) => c,
+            Err(e) => return self.fail(&task, "commit_failed", e, 0, String::new()).await,
+        };
+        let out_of_scope = self.out_of_scope(&task, &commit).await;
+        let req = v1::CompleteRequest {
+            worker: Some(self.env.me()),
+            lease_id: task.lease_id.clone(),
+            task_id: task.id.clone(),
+            commit: commit.clone(),
+            tiers: self.tier_results(),
+            out_of_scope,
+            duration_ms: started.elapsed().as_millis() as u64,
+            cost_usd: self.attempt_cost,
+        };
+        match retrying!(self, |c| c.complete(req.clone())) {
+            Ok(_) => {
+                self.tasks_completed += 1;
+                eprintln!("zerg-worker-agent: task {} committed {commit}", task.id);
+                TaskEnd::Next
+            }
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                // Our lease was superseded (we were presumed dead): drop the commit so it can
+                // never reach staging twice.
+                eprintln!(
+                    "zerg-worker-agent: zergd refused the result ({}); discarding commit {commit}",
+                    s.message()
+                );
+                let _ = run::git(
+                    &self.env.worktree,
+                    &["reset", "--hard", "-q", &task.base_commit],
+                )
+                .await;
+                TaskEnd::Next
+            }
+            Err(s) => {
+                eprintln!(
+                    "zerg-worker-agent: cannot report completion: {}",
+                    s.message()
+                );
+                TaskEnd::Exit(exit::ERROR)
+            }
+        }
+    }
+
+    pub(super) async fn abandon(&mut self, task: &v1::Task) -> TaskEnd {
+        if !task.base_commit.is_empty() {
+            let _ = run::git(
+                &self.env.worktree,
+                &["reset", "--hard", "-q", &task.base_commit],
+            )
+            .await;
+        }
+        if *self.abort_rx.borrow() == Some(Revocation::Superseded) {
+            return TaskEnd::Exit(exit::ERROR);
+        }
+        TaskEnd::Next
+    }
+
+    pub(super) async fn commit(&self, task: &v1::Task) -> Result<String, String> {
+        let wt = &self.env.worktree;
+        let mut add: Vec<String> = vec!["add".into(), "-A".into(), "--".into(), ".".into()];
+        add.extend(self.pathspec_excludes().await);
+        let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
+        run::git(wt, &add_ref).await?;
+        self.restore_spec(task).await;
+        let msg = format!(
+            "ZERG [{}]: {}\n\nTask-ID: {}\n",
+            self.env.worker_id, task.title, task.id
+        );
+        self.git_with_identity(&["commit", "-q", "--allow-empty", "--no-verify", "-m", &msg])
+            .await?;
+        run::git(wt, &["rev-parse", "HEAD"]).await
+    }
+
+    /// Puts the rush's spec back in the index as the base commit has it, whatever the agent CLI
+    /// did to it (or committed itself), so the task's commit never changes the spec.
+    pub(super) async fn restore_spec(&self, task: &v1::Task) {
+        let base = if task.base_commit.is_empty() {
+            "HEAD"
+        } else {
+            task.base_commit.as_str()
+        };
+        let rel = self.env.spec_rel();
+        if let Err(e) = run::git(&self.env.worktree, &["reset", "-q", base, "--", &rel]).await {
+            eprintln!("zerg-worker-agent: cannot restore {rel} in the index: {e}");
+        }
+    }
+
+    pub(super) async fn git_with_identity(&self, args: &[&str]) -> Result<String, String> {
+        let out = tokio::process::Command::new("git")
+            .arg("-C")
+            .arg(&self.env.worktree)
+            .args(args)
+            .envs(self.identity.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| format!("cannot run git: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(format!(
+                "git {}: {}",
+                args.first().unwrap_or(&""),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Files the task changed that it does not own.
+    pub(super) async fn out_of_scope(&self, task: &v1::Task, commit: &str) -> Vec<String> {
+        if task.base_commit.is_empty() {
+            return vec![];
+        }
+        let changed = run::git(
+            &self.env.worktree,
+            &["diff", "--name-only", &task.base_commit, commit],
+        )
+        .await
+        .unwrap_or_default();
+        changed
+            .lines()
+            .filter(|f| !f.is_empty())
+            .filter(|f| {
+                !task
+                    .files_create
+                    .iter()
+                    .chain(&task.files_modify)
+                    .any(|o| o == f)
+            })
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
+pub(super) async fn remove_stale_locks(worktree: &Path) {
+    if let Ok(dir) = run::git(worktree, &["rev-parse", "--absolute-git-dir"]).await {
+        for name in ["index.lock", "HEAD.lock"] {
+            let p = Path::new(&dir).join(name);
+            if tokio::fs::remove_file(&p).await.is_ok() {
+                eprintln!("zerg-worker-agent: removed stale {}", p.display());
+            }
+        }
+    }
+}
+
+pub(super) fn last_line(tail: &str) -> String {
+    let t: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
+    let s = t[t.len().saturating_sub(3)..].join(" | ");
+    s.chars().take(500).collect()
+}
