@@ -5,6 +5,7 @@
 //! for people goes to stdout; `--json` gives machine-readable output. Exit codes are listed in
 //! [`code`].
 
+mod cmd;
 mod demo;
 pub mod image;
 mod render;
@@ -14,7 +15,6 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 use tonic::transport::Channel;
-use zerg_proto::v1;
 use zerg_proto::v1::control_client::ControlClient;
 
 /// zergctl exit codes.
@@ -230,7 +230,7 @@ pub async fn connect(socket: &Path) -> Result<ControlClient<Channel>, CliError> 
     }
 }
 
-fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
+pub(crate) fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
     let p = match repo {
         Some(p) => p,
         None => std::env::current_dir().map_err(|e| {
@@ -249,7 +249,7 @@ fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
     let socket = zerg_proto::transport::resolve_socket(cli.socket.as_deref());
     match cli.command {
-        Command::Validate { target } => validate(&target),
+        Command::Validate { target } => cmd::validate::validate(&target),
         Command::Demo { workers, keep } => demo::run(workers, keep).await,
         Command::Service { print } => service::install(print),
         Command::Image {
@@ -282,7 +282,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         } => {
             let repo = repo_arg(repo)?;
             let mut c = connect(&socket).await?;
-            rush(
+            cmd::rush::rush(
                 &mut c,
                 &repo,
                 &feature,
@@ -297,283 +297,25 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             repo,
             json,
             watch,
-        } => {
-            let repo = repo_arg(repo)?;
-            let mut c = connect(&socket).await?;
-            let feature = feature.unwrap_or_default();
-            if watch {
-                return follow(&mut c, &repo, &feature, false).await;
-            }
-            let st = c
-                .status(v1::StatusRequest { repo, feature })
-                .await
-                .map_err(from_status)?
-                .into_inner();
-            if json {
-                println!("{}", render::status_json(&st));
-            } else {
-                print!("{}", render::status_text(&st));
-            }
-            Ok(code::OK)
-        }
-        Command::List { json } => {
-            let mut c = connect(&socket).await?;
-            let l = c
-                .list(v1::ListRequest {})
-                .await
-                .map_err(from_status)?
-                .into_inner();
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&l.rushes).unwrap_or_default()
-                );
-            } else if l.rushes.is_empty() {
-                println!("no rushes");
-            } else {
-                for r in &l.rushes {
-                    println!(
-                        "{:<24} {:<9} {:>4}/{:<4} {}  {}",
-                        r.feature, r.state, r.tasks_complete, r.tasks_total, r.started_at, r.repo
-                    );
-                }
-            }
-            Ok(code::OK)
-        }
+        } => cmd::status::run(&socket, feature, repo, json, watch).await,
+        Command::List { json } => cmd::list::run(&socket, json).await,
         Command::Stop {
             feature,
             force,
             repo,
-        } => {
-            let repo = repo_arg(repo)?;
-            let mut c = connect(&socket).await?;
-            let r = c
-                .stop(v1::StopRequest {
-                    repo,
-                    feature: feature.clone(),
-                    force,
-                })
-                .await
-                .map_err(from_status)?
-                .into_inner();
-            println!(
-                "Stopped rush {feature}: {} worker(s) signalled ({}). Resume with `zergctl rush {feature}`.",
-                r.workers_signalled,
-                if force {
-                    "SIGKILL"
-                } else {
-                    "SIGTERM, then SIGKILL after the grace period"
-                }
-            );
-            Ok(code::OK)
-        }
+        } => cmd::stop::run(&socket, feature, force, repo).await,
         Command::Retry {
             feature,
             tasks,
             reset,
             repo,
-        } => {
-            let repo = repo_arg(repo)?;
-            let mut c = connect(&socket).await?;
-            let r = c
-                .retry(v1::RetryRequest {
-                    repo,
-                    feature: feature.clone(),
-                    task_ids: tasks,
-                    reset,
-                })
-                .await
-                .map_err(from_status)?
-                .into_inner();
-            if r.requeued.is_empty() {
-                println!("Rush {feature} resumed; no failed or blocked tasks to requeue.");
-            } else {
-                println!(
-                    "Requeued {} task(s): {}",
-                    r.requeued.len(),
-                    r.requeued.join(", ")
-                );
-            }
-            Ok(code::OK)
-        }
+        } => cmd::retry::run(&socket, feature, tasks, reset, repo).await,
         Command::Logs {
             feature,
             worker,
             tail,
-            follow: f,
+            follow,
             repo,
-        } => {
-            let repo = repo_arg(repo)?;
-            let mut c = connect(&socket).await?;
-            let mut s = c
-                .logs(v1::LogsRequest {
-                    repo,
-                    feature,
-                    worker_id: worker,
-                    tail,
-                    follow: f,
-                })
-                .await
-                .map_err(from_status)?
-                .into_inner();
-            while let Some(chunk) = s.message().await.map_err(from_status)? {
-                println!("[W{}] {}", chunk.worker_id, chunk.line);
-            }
-            Ok(code::OK)
-        }
-    }
-}
-
-fn validate(target: &str) -> Result<u8, CliError> {
-    let p = Path::new(target);
-    let path = if p.extension().is_some_and(|e| e == "json") || p.is_file() {
-        p.to_path_buf()
-    } else {
-        Path::new(".gsd")
-            .join("specs")
-            .join(target)
-            .join("task-graph.json")
-    };
-    match zerg_proto::graph::load(&path) {
-        Ok(v) => {
-            for w in &v.warnings {
-                println!("warning: {w}");
-            }
-            println!(
-                "{}: valid ({} tasks, {} levels, {} warnings)",
-                path.display(),
-                v.graph.tasks.len(),
-                v.graph.max_level(),
-                v.warnings.len()
-            );
-            Ok(code::OK)
-        }
-        Err(zerg_proto::graph::GraphError::Invalid {
-            path,
-            errors,
-            warnings,
-        }) => {
-            for e in &errors {
-                println!("error: {e}");
-            }
-            for w in &warnings {
-                println!("warning: {w}");
-            }
-            println!("{}: invalid ({} errors)", path.display(), errors.len());
-            Ok(code::FAILED)
-        }
-        Err(e @ zerg_proto::graph::GraphError::Syntax { .. }) => {
-            println!("error: {e}");
-            Ok(code::FAILED)
-        }
-        Err(e) => Err(CliError::new(
-            code::DATA,
-            format!(
-                "{e}: {}",
-                std::error::Error::source(&e)
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            ),
-        )),
-    }
-}
-
-/// Starts a rush and (unless detached) follows it.
-pub async fn rush(
-    c: &mut ControlClient<Channel>,
-    repo: &str,
-    feature: &str,
-    workers: u32,
-    mode: &str,
-    detach: bool,
-) -> Result<u8, CliError> {
-    let r = c
-        .rush(v1::RushRequest {
-            repo: repo.to_string(),
-            feature: feature.to_string(),
-            workers,
-            mode: mode.to_string(),
-        })
-        .await
-        .map_err(from_status)?
-        .into_inner();
-    for w in &r.warnings {
-        eprintln!("warning: {w}");
-    }
-    println!(
-        "{} rush {feature} ({}) with {workers} {} worker(s)",
-        if r.resumed { "Resumed" } else { "Started" },
-        r.rush_id,
-        r.mode
-    );
-    if detach {
-        println!(
-            "Follow it with `zergctl status {feature} --watch`; stop it with `zergctl stop {feature}`."
-        );
-        return Ok(code::OK);
-    }
-    follow(c, repo, feature, true).await
-}
-
-/// Follows a rush with progress bars until it ends. Ctrl-C detaches (the rush goes on).
-async fn follow(
-    c: &mut ControlClient<Channel>,
-    repo: &str,
-    feature: &str,
-    exit_by_outcome: bool,
-) -> Result<u8, CliError> {
-    let mut stream = c
-        .watch(v1::WatchRequest {
-            repo: repo.to_string(),
-            feature: feature.to_string(),
-        })
-        .await
-        .map_err(from_status)?
-        .into_inner();
-    let mut view = render::Progress::new();
-    loop {
-        let next = tokio::select! {
-            m = stream.message() => m,
-            _ = tokio::signal::ctrl_c() => {
-                view.finish();
-                println!("Detached; the rush goes on. Stop it with `zergctl stop {feature}`.");
-                return Ok(code::OK);
-            }
-        };
-        let ev = match next {
-            Ok(Some(ev)) => ev,
-            Ok(None) => {
-                view.finish();
-                return Err(CliError::new(
-                    code::DAEMON_UNREACHABLE,
-                    "zergd closed the stream (did it stop?)",
-                ));
-            }
-            Err(s) => {
-                view.finish();
-                return Err(from_status(s));
-            }
-        };
-        view.message(&ev.message);
-        let Some(st) = ev.status else { continue };
-        view.update(&st);
-        match st.state.as_str() {
-            "complete" | "failed" | "stopped" => {
-                view.finish();
-                print!("{}", render::summary(&st));
-                let ok = st.state == "complete";
-                return Ok(if ok || !exit_by_outcome {
-                    code::OK
-                } else {
-                    code::FAILED
-                });
-            }
-            "paused" if exit_by_outcome => {
-                view.finish();
-                print!("{}", render::summary(&st));
-                return Ok(code::FAILED);
-            }
-            _ => {}
-        }
+        } => cmd::logs::run(&socket, feature, worker, tail, follow, repo).await,
     }
 }

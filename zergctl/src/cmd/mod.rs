@@ -1,0 +1,9 @@
+//! One module per zergctl command that talks to zergd (`validate` works offline).
+
+pub mod list;
+pub mod logs;
+pub mod retry;
+pub mod rush;
+pub mod status;
+pub mod stop;
+pub mod validate;

@@ -1,0 +1,107 @@
+//! `zergctl rush`: start or resume a rush and follow it until it ends.
+
+use tonic::transport::Channel;
+use zerg_proto::v1;
+use zerg_proto::v1::control_client::ControlClient;
+
+use crate::{CliError, code, from_status, render};
+
+/// Starts a rush and (unless detached) follows it.
+pub async fn rush(
+    c: &mut ControlClient<Channel>,
+    repo: &str,
+    feature: &str,
+    workers: u32,
+    mode: &str,
+    detach: bool,
+) -> Result<u8, CliError> {
+    let r = c
+        .rush(v1::RushRequest {
+            repo: repo.to_string(),
+            feature: feature.to_string(),
+            workers,
+            mode: mode.to_string(),
+        })
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    println!(
+        "{} rush {feature} ({}) with {workers} {} worker(s)",
+        if r.resumed { "Resumed" } else { "Started" },
+        r.rush_id,
+        r.mode
+    );
+    if detach {
+        println!(
+            "Follow it with `zergctl status {feature} --watch`; stop it with `zergctl stop {feature}`."
+        );
+        return Ok(code::OK);
+    }
+    follow(c, repo, feature, true).await
+}
+
+/// Follows a rush with progress bars until it ends. Ctrl-C detaches (the rush goes on).
+pub(crate) async fn follow(
+    c: &mut ControlClient<Channel>,
+    repo: &str,
+    feature: &str,
+    exit_by_outcome: bool,
+) -> Result<u8, CliError> {
+    let mut stream = c
+        .watch(v1::WatchRequest {
+            repo: repo.to_string(),
+            feature: feature.to_string(),
+        })
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    let mut view = render::Progress::new();
+    loop {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            _ = tokio::signal::ctrl_c() => {
+                view.finish();
+                println!("Detached; the rush goes on. Stop it with `zergctl stop {feature}`.");
+                return Ok(code::OK);
+            }
+        };
+        let ev = match next {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                view.finish();
+                return Err(CliError::new(
+                    code::DAEMON_UNREACHABLE,
+                    "zergd closed the stream (did it stop?)",
+                ));
+            }
+            Err(s) => {
+                view.finish();
+                return Err(from_status(s));
+            }
+        };
+        view.message(&ev.message);
+        let Some(st) = ev.status else { continue };
+        view.update(&st);
+        match st.state.as_str() {
+            "complete" | "failed" | "stopped" => {
+                view.finish();
+                print!("{}", render::summary(&st));
+                let ok = st.state == "complete";
+                return Ok(if ok || !exit_by_outcome {
+                    code::OK
+                } else {
+                    code::FAILED
+                });
+            }
+            "paused" if exit_by_outcome => {
+                view.finish();
+                print!("{}", render::summary(&st));
+                return Ok(code::FAILED);
+            }
+            _ => {}
+        }
+    }
+}

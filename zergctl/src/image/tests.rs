@@ -1,0 +1,264 @@
+//! Unit tests of the image builder.
+
+use super::rootfs::*;
+use super::*;
+
+#[test]
+fn ldd_output_is_parsed() {
+    let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+               \tlibpcre2-8.so.0 => /lib/x86_64-linux-gnu/libpcre2-8.so.0 (0x00007f1d)\n\
+               \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f1c)\n\
+               \t/lib64/ld-linux-x86-64.so.2 (0x00007f1e)\n";
+    assert_eq!(
+        parse_ldd(out).unwrap(),
+        vec![
+            PathBuf::from("/lib/x86_64-linux-gnu/libpcre2-8.so.0"),
+            PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+            PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+        ]
+    );
+    assert_eq!(
+        parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err(),
+        "libfoo.so.1"
+    );
+    assert_eq!(
+        parse_ldd("\tstatically linked\n").unwrap(),
+        Vec::<PathBuf>::new()
+    );
+}
+
+#[test]
+fn tags_split() {
+    assert_eq!(split_tag("zerg-worker:latest"), ("zerg-worker", "latest"));
+    assert_eq!(split_tag("zerg-worker"), ("zerg-worker", "latest"));
+    assert_eq!(
+        split_tag("localhost:5000/zerg-worker"),
+        ("localhost:5000/zerg-worker", "latest")
+    );
+    assert_eq!(
+        split_tag("localhost:5000/zerg-worker:x"),
+        ("localhost:5000/zerg-worker", "x")
+    );
+}
+
+#[test]
+fn long_names_use_the_ustar_prefix() {
+    assert_eq!(split_name("usr/bin/git"), Some(("", "usr/bin/git")));
+    let long = format!("{}/{}", "a".repeat(120), "b".repeat(90));
+    assert_eq!(split_name(&long), Some((&long[..120], &long[121..])));
+    assert_eq!(split_name(&"c".repeat(300)), None);
+}
+
+#[test]
+fn symlinks_and_hardlinks_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::create_dir_all(d.join("usr/bin")).unwrap();
+    fs::write(d.join("usr/bin/dash"), "#!shell").unwrap();
+    std::os::unix::fs::symlink("usr/bin", d.join("bin")).unwrap();
+    std::os::unix::fs::symlink("dash", d.join("usr/bin/sh")).unwrap();
+    fs::hard_link(d.join("usr/bin/dash"), d.join("usr/bin/ash")).unwrap();
+    let mut r = Rootfs::default();
+    let real = r.host_path(&d.join("bin/sh")).unwrap();
+    assert_eq!(real, d.join("usr/bin/dash"));
+    r.host_path(&d.join("usr/bin/ash")).unwrap();
+    let rel = |p: &str| d.strip_prefix("/").unwrap().join(p);
+    assert_eq!(
+        r.nodes[&rel("bin")],
+        Node::Symlink {
+            target: "usr/bin".into()
+        }
+    );
+    assert_eq!(
+        r.nodes[&rel("usr/bin/sh")],
+        Node::Symlink {
+            target: "dash".into()
+        }
+    );
+    assert!(matches!(r.nodes[&rel("usr/bin/dash")], Node::File { .. }));
+    assert_eq!(
+        r.hardlinks().get(&rel("usr/bin/dash")),
+        Some(&rel("usr/bin/ash"))
+    );
+
+    // The archive lists what the host's tar expects.
+    r.data("etc/passwd", "root:x:0:0::/:/bin/sh\n".into(), 0o644);
+    let tar = r.to_tar().unwrap();
+    assert_eq!(tar.len() % 512, 0);
+    let file = d.join("out.tar");
+    fs::write(&file, &tar).unwrap();
+    let out = std::process::Command::new("tar")
+        .arg("-tvf")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.contains("bin -> usr/bin"), "{listing}");
+    assert!(listing.contains("usr/bin/dash link to"), "{listing}");
+    assert!(listing.contains("etc/passwd"), "{listing}");
+
+    let h1 = r.content_hash().unwrap();
+    assert_eq!(h1, r.content_hash().unwrap());
+    fs::write(d.join("usr/bin/dash"), "#!changed").unwrap();
+    assert_ne!(
+        h1,
+        r.content_hash().unwrap(),
+        "file bytes are part of the hash"
+    );
+}
+
+#[test]
+fn git_exec_path_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("git"), b"\x7fELF-git").unwrap();
+    fs::hard_link(d.join("git"), d.join("git-commit")).unwrap();
+    fs::write(d.join("git-sh-setup"), "# sourced\n").unwrap();
+    fs::write(d.join("git-submodule"), "#!/bin/sh\n").unwrap();
+    fs::write(d.join("git-svn"), "#!/usr/bin/perl\n").unwrap();
+    fs::write(d.join("git-daemon"), b"\x7fELF-daemon").unwrap();
+    fs::write(d.join("git-remote-https"), b"\x7fELF-curl").unwrap();
+    let git = fs::metadata(d.join("git")).unwrap();
+    let wanted = |n: &str| git_helper_wanted(&d.join(n), &git);
+    assert!(wanted("git-commit"));
+    assert!(wanted("git-sh-setup"));
+    assert!(wanted("git-submodule"));
+    assert!(!wanted("git-svn"));
+    assert!(!wanted("git-daemon"));
+    assert!(wanted("git-remote-https"));
+}
+
+#[test]
+fn dockerfile_context_has_agent_and_extras() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent");
+    let extra = dir.path().join("fake-claude");
+    fs::write(&agent, "#!/bin/sh\n").unwrap();
+    fs::write(&extra, "#!/bin/sh\n").unwrap();
+    let tar = dockerfile_context(&agent, &[extra]).unwrap();
+    let file = dir.path().join("ctx.tar");
+    fs::write(&file, &tar).unwrap();
+    let out = std::process::Command::new("tar")
+        .arg("-tf")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    for want in ["Dockerfile", "zerg-worker-agent", "extra/fake-claude"] {
+        assert!(
+            listing.lines().any(|l| l == want),
+            "{want} missing: {listing}"
+        );
+    }
+    let df = std::process::Command::new("tar")
+        .arg("-xOf")
+        .arg(&file)
+        .arg("Dockerfile")
+        .output()
+        .unwrap();
+    let df = String::from_utf8_lossy(&df.stdout);
+    assert!(
+        df.contains("COPY extra/fake-claude /usr/local/bin/fake-claude"),
+        "{df}"
+    );
+    assert!(df.contains("USER 10001:10001"));
+}
+
+/// Builds the offline image into a test tag, checks the cache and runs `git` and `sh` in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_image_builds_caches_and_runs() {
+    let docker = match connect().await {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipping: no Docker engine reachable ({e})");
+            return;
+        }
+    };
+    if which("git").is_none() {
+        eprintln!("skipping: no git on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("zerg-worker-agent");
+    fs::write(&agent, "#!/bin/sh\necho agent-ok\n").unwrap();
+    let opts = BuildOptions {
+        offline: true,
+        tag: "zerg-worker:unit-test".into(),
+        agent: Some(agent),
+        with: vec![PathBuf::from("/bin/true")],
+    };
+    let id = build(&opts).await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(
+        build(&opts).await.unwrap(),
+        id,
+        "an unchanged rebuild is cached"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    let script =
+        "git --version && echo ok && id -u && true && ls /usr/local/bin && zerg-worker-agent";
+    let out = run_in(&docker, &opts.tag, &["sh", "-c", script]).await;
+    assert!(out.0 == 0, "exit {}: {}", out.0, out.1);
+    for want in [
+        "git version",
+        "ok\n",
+        "10001\n",
+        "zerg-worker-agent",
+        "agent-ok",
+    ] {
+        assert!(out.1.contains(want), "{want:?} missing from {:?}", out.1);
+    }
+    let _ = docker
+        .remove_image(
+            &opts.tag,
+            Some(
+                bollard::query_parameters::RemoveImageOptionsBuilder::new()
+                    .force(true)
+                    .build(),
+            ),
+            None,
+        )
+        .await;
+}
+
+async fn run_in(docker: &Docker, image: &str, cmd: &[&str]) -> (i64, String) {
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    let body = ContainerCreateBody {
+        image: Some(image.into()),
+        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let id = docker.create_container(None, body).await.unwrap().id;
+    docker.start_container(&id, None).await.unwrap();
+    let mut wait = std::pin::pin!(docker.wait_container(&id, None));
+    let code = match wait.next().await {
+        Some(Ok(r)) => r.status_code,
+        Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+        other => panic!("wait: {other:?}"),
+    };
+    let opts = bollard::query_parameters::LogsOptionsBuilder::new()
+        .stdout(true)
+        .stderr(true)
+        .build();
+    let mut logs = std::pin::pin!(docker.logs(&id, Some(opts)));
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = logs.next().await {
+        text.push_str(&chunk.to_string());
+    }
+    let rm = bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .build();
+    let _ = docker.remove_container(&id, Some(rm)).await;
+    (code, text)
+}
