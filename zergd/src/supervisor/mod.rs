@@ -28,11 +28,11 @@ use zerg_proto::v1;
 
 use crate::clock::Clock;
 use crate::config::parse_memory;
-use crate::domain::{Mode, RushState, TaskStatus, WorkerStatus};
+use crate::domain::Mode;
 use crate::launcher::container::ContainerLauncher;
 use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
-use crate::monitor::{Level, Monitor, Source};
+use crate::monitor::Monitor;
 use crate::state::{Registry, RegistryEntry, StateStore};
 use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};

@@ -72,141 +72,34 @@ impl Supervisor {
         now: Instant,
         wall: std::time::SystemTime,
     ) {
-        let mode = r.doc.rush.mode;
-        let launcher = self.launchers.get(mode).await.ok();
+        let launcher = self.launchers.get(r.doc.rush.mode).await.ok();
         // At least 10 s: agents retry their connection with a backoff capped at 5 s.
         let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
             .max(Duration::from_secs(10));
         let rid = r.id().to_string();
-        r.event(
-            wall,
-            Source::Orchestrator,
-            Level::Info,
-            "rush_resumed",
-            format!("zergd restarted; resuming rush {} and re-adopting its workers (grace {:.0}s to reconnect)", r.feature(), grace.as_secs_f64()),
-            serde_json::json!({}),
-        );
-        // Containers of this rush that the state does not know (or knows as an older
-        // generation) are orphans: remove them.
-        let mut discovered = Vec::new();
+        // Ask the launcher what is there; the state machine decides what it means.
+        let mut observed = rush::Observed::default();
         if let Some(l) = &launcher {
-            discovered = l.discover(&rid).await;
+            observed.discovered = l.discover(&rid).await;
+            for (w, _, sp) in r.recorded_workers(&observed.discovered) {
+                let alive = (sp.pid.is_some() || sp.container_id.is_some()) && l.is_alive(sp).await;
+                observed.alive.insert(w, alive);
+            }
         }
         let mut fx = Effects::default();
-        let workers: Vec<(u32, u64, Spawned)> = r
-            .doc
-            .workers
-            .values()
-            .map(|w| {
-                let mut sp = Spawned {
-                    pid: w.pid,
-                    start_time: w.pid_start_time,
-                    container_id: w.container_id.clone(),
-                };
-                if sp.container_id.is_none()
-                    && let Some(d) = discovered
-                        .iter()
-                        .find(|d| d.worker_id == w.worker_id && d.generation == w.generation)
-                {
-                    sp = d.spawned.clone();
-                }
-                (w.worker_id, w.generation, sp)
-            })
-            .collect();
-        for d in &discovered {
-            let known = workers
-                .iter()
-                .any(|(w, g, _)| *w == d.worker_id && *g == d.generation);
-            if !known && let Some(l) = &launcher {
+        let out = r.readopt(&observed, grace, now, wall, &mut fx);
+        if let Some(l) = &launcher {
+            for sp in out.orphans {
                 let l = l.clone();
-                let sp = d.spawned.clone();
                 tokio::spawn(async move {
                     l.stop(sp.clone(), Duration::ZERO).await;
                     l.cleanup(sp).await;
                 });
             }
-        }
-        for (w, generation, sp) in workers {
-            let alive = match (&launcher, sp.pid.is_some() || sp.container_id.is_some()) {
-                (Some(l), true) => l.is_alive(sp.clone()).await,
-                _ => false,
-            };
-            let rt = r.rt_workers.entry(w).or_default();
-            if alive && r.doc.rush.state != RushState::Paused {
-                rt.spawned = Some(sp.clone());
-                rt.registered = false;
-                rt.reconnect_by = Some(now + grace);
-                rt.last_hb = Some(now);
-                if let Some(l) = &launcher {
-                    l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
-                }
-            } else if r.doc.rush.state == RushState::Running {
-                let status = r
-                    .doc
-                    .workers
-                    .get(&w.to_string())
-                    .map(|x| x.status)
-                    .unwrap_or_default();
-                if !matches!(
-                    status.as_str(),
-                    "done" | "gave_up" | "blocked" | "exited" | "backoff"
-                ) {
-                    rt.spawned = Some(sp.clone());
-                    match (&launcher, sp.container_id.is_some()) {
-                        // An exited container still holds its exit code: let the launcher
-                        // report it (and remove the container).
-                        (Some(l), true) => {
-                            l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
-                        }
-                        _ => r.on_exit(w, generation, ExitInfo::Vanished, now, wall, &mut fx),
-                    }
-                } else if status == WorkerStatus::Backoff {
-                    rt.spawn_due = Some(now);
-                }
+            for (w, generation, sp) in out.watch {
+                l.watch(sp, exit_sink(&self.tx, &rid, w, generation));
             }
         }
-        // Tasks in progress keep their leases; their progress clock restarts now.
-        let in_progress: Vec<String> = r
-            .doc
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.status == TaskStatus::InProgress)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for t in in_progress {
-            r.rt_tasks.insert(
-                t,
-                rush::TaskRt {
-                    last_progress: now,
-                    last_output_ms: 0,
-                    last_step: String::new(),
-                    retry_due: None,
-                },
-            );
-        }
-        let waiting: Vec<String> = r
-            .doc
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.status == TaskStatus::WaitingRetry)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for t in waiting {
-            r.rt_tasks.insert(
-                t,
-                rush::TaskRt {
-                    last_progress: now,
-                    last_output_ms: 0,
-                    last_step: String::new(),
-                    retry_due: Some(now),
-                },
-            );
-        }
-        if r.doc.rush.state == RushState::Running {
-            // A merge that was running when zergd died is simply run again (it is idempotent).
-            r.check_level_done(now, wall, &mut fx);
-        }
-        r.dirty = true;
         self.pending.push((rid, fx));
     }
 }

@@ -1684,3 +1684,146 @@ fn an_exit_reported_before_its_spawn_counts_once() {
     assert_eq!(h.r.doc.workers["0"].status, WorkerStatus::Backoff);
     assert_eq!(h.r.doc.workers["0"].spawn_failures, 1);
 }
+
+// === Re-adoption after a zergd restart ===
+
+impl H {
+    /// zergd restarts: the rush is rebuilt from its saved state (no runtime data), and the
+    /// launcher reports `observed`.
+    fn restart(&mut self, observed: &super::rush::Observed) -> (Effects, super::rush::Readoption) {
+        let doc = self.r.doc.clone();
+        self.r = Rush::new(
+            doc,
+            self.r.graph.clone(),
+            self.r.config.clone(),
+            self.r.paths.clone(),
+            self.r.spec_context.clone(),
+            Monitor::disabled(FEATURE),
+            self.now,
+        );
+        self.leases.clear();
+        let mut out = None;
+        let grace = Duration::from_secs(10);
+        let fx = self.run(|r, now, wall, fx| out = Some(r.readopt(observed, grace, now, wall, fx)));
+        (fx, out.expect("readopt ran"))
+    }
+
+    /// One worker running the first of two level-1 tasks.
+    fn one_running(mode: Mode) -> (H, v1::Task) {
+        let mut h = H::new(
+            vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+            1,
+            config(|_| {}),
+        );
+        h.r.doc.rush.mode = mode;
+        h.start();
+        h.spawned(0);
+        if mode == Mode::Container {
+            h.r.doc.workers.get_mut("0").unwrap().container_id = Some("c0".into());
+        }
+        h.register(0);
+        h.lease(0);
+        let t = h.leased(0);
+        (h, t)
+    }
+}
+
+fn alive(w: u32, yes: bool) -> super::rush::Observed {
+    super::rush::Observed {
+        discovered: vec![],
+        alive: BTreeMap::from([(w, yes)]),
+    }
+}
+
+#[test]
+fn readoption_keeps_a_live_worker_and_its_lease() {
+    let (mut h, t) = H::one_running(Mode::Subprocess);
+    h.advance(Duration::from_secs(5));
+    let (fx, out) = h.restart(&alive(0, true));
+    assert_eq!(out.watch.len(), 1, "{out:?}");
+    assert_eq!(out.watch[0].0, 0);
+    assert!(out.orphans.is_empty());
+    assert!(fx.spawn.is_empty(), "nothing is respawned");
+    assert_eq!(h.task(&t.id).status, TaskStatus::InProgress);
+    assert_eq!(h.task(&t.id).lease_id.as_deref(), Some(t.lease_id.as_str()));
+    assert!(h.logged("rush_resumed"));
+    // It must reconnect within the grace period; its old lease still counts when it does.
+    h.advance(Duration::from_secs(2));
+    let req = v1::RegisterRequest {
+        worker: Some(h.wref(0)),
+        pid: 1000,
+        held_task_id: t.id.clone(),
+        held_lease_id: t.lease_id.clone(),
+    };
+    h.r.on_register(req, h.now, h.wall).unwrap();
+    assert_eq!(h.worker(0).status, WorkerStatus::Running);
+    assert!(h.logged("worker_ready"));
+}
+
+#[test]
+fn readoption_treats_a_dead_worker_as_crashed_and_requeues_its_task() {
+    let (mut h, t) = H::one_running(Mode::Subprocess);
+    let (fx, out) = h.restart(&alive(0, false));
+    assert!(out.watch.is_empty(), "{out:?}");
+    assert_eq!(h.task(&t.id).status, TaskStatus::Pending, "requeued");
+    assert_eq!(h.task(&t.id).crashes, 1);
+    assert_eq!(h.task(&t.id).retry_count, 0, "a crash is not an attempt");
+    let _ = fx;
+    h.advance(Duration::from_secs(60));
+    assert_eq!(h.tick().spawn, vec![(0, 2)], "the slot is respawned");
+}
+
+#[test]
+fn readoption_of_a_reused_pid_is_a_dead_worker() {
+    // The launcher compares the recorded start time; a pid now naming another process is
+    // reported as not alive, and nothing of it is watched or signalled.
+    let (mut h, t) = H::one_running(Mode::Subprocess);
+    h.r.doc.workers.get_mut("0").unwrap().pid_start_time = Some(42);
+    let (fx, out) = h.restart(&alive(0, false));
+    assert!(out.watch.is_empty());
+    assert!(
+        fx.stop.is_empty(),
+        "a process that is not ours is never signalled"
+    );
+    assert_eq!(h.task(&t.id).status, TaskStatus::Pending);
+}
+
+#[test]
+fn readoption_watches_a_gone_container_until_the_engine_reports_it() {
+    let (mut h, t) = H::one_running(Mode::Container);
+    let (fx, out) = h.restart(&alive(0, false));
+    // The engine may still hold the exit code: the launcher reports it (or that it vanished).
+    assert_eq!(out.watch.len(), 1, "{out:?}");
+    assert_eq!(out.watch[0].2.container_id.as_deref(), Some("c0"));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.task(&t.id).status, TaskStatus::InProgress);
+    h.exit(0, ExitInfo::Vanished);
+    assert_eq!(h.task(&t.id).status, TaskStatus::Pending);
+    h.advance(Duration::from_secs(60));
+    assert_eq!(h.tick().spawn, vec![(0, 2)]);
+}
+
+#[test]
+fn readoption_removes_containers_nobody_knows() {
+    let (mut h, _) = H::one_running(Mode::Container);
+    let stray = |g: u64, id: &str| crate::launcher::Discovered {
+        worker_id: 0,
+        generation: g,
+        spawned: Spawned {
+            pid: None,
+            start_time: None,
+            container_id: Some(id.into()),
+        },
+        running: true,
+    };
+    let mut observed = alive(0, true);
+    observed.discovered = vec![stray(1, "c0"), stray(0, "old"), stray(7, "future")];
+    let (_, out) = h.restart(&observed);
+    let orphans: Vec<_> = out
+        .orphans
+        .iter()
+        .filter_map(|s| s.container_id.clone())
+        .collect();
+    assert_eq!(orphans, vec!["old".to_string(), "future".to_string()]);
+    assert_eq!(out.watch.len(), 1);
+}

@@ -31,9 +31,12 @@ use zerg_proto::contract::{Revocation, WorkerExit};
 
 mod levels;
 mod lifecycle;
+mod recovery;
 mod tasks;
 mod timers;
 mod worker_rpc;
+
+pub use recovery::{Observed, Readoption};
 
 /// Reply channel for a lease request.
 pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, Status>>;
