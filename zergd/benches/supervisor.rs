@@ -9,7 +9,6 @@ use std::time::{Duration, Instant as StdInstant, SystemTime};
 use tokio::time::Instant;
 use zerg_proto::graph;
 use zergd::config::Config;
-use zergd::monitor::Monitor;
 use zergd::state::{RushMeta, StateStore};
 use zergd::supervisor::jobs::initial_doc;
 use zergd::supervisor::rush::{Effects, Rush, RushPaths};
@@ -59,7 +58,6 @@ fn rush(levels: usize, per_level: usize, workers: u32) -> Rush {
         Config::default(),
         paths,
         String::new(),
-        Monitor::disabled("bench"),
         Instant::now(),
     )
 }

@@ -45,6 +45,24 @@ pub enum Source {
     Worker(u32),
 }
 
+/// One event, as the state machine records it; the shell writes it out after the state is
+/// saved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MonitorEvent {
+    /// When it happened.
+    pub at: SystemTime,
+    /// Who it is about.
+    pub source: Source,
+    /// Severity.
+    pub level: Level,
+    /// Event type (`task_claimed`, `worker_crash`, …).
+    pub kind: String,
+    /// The human line.
+    pub message: String,
+    /// Structured details.
+    pub data: Value,
+}
+
 /// Writes one rush's monitor and event lines.
 pub struct Monitor {
     feature: String,
@@ -92,16 +110,18 @@ impl Monitor {
     }
 
     /// Writes one event: a monitor.log line and an events.jsonl object.
-    pub fn emit(
-        &mut self,
-        at: SystemTime,
-        source: Source,
-        level: Level,
-        kind: &str,
-        message: &str,
-        mut data: Value,
-    ) {
-        let ts = iso_millis(at);
+    pub fn emit(&mut self, ev: &MonitorEvent) {
+        let MonitorEvent {
+            at,
+            source,
+            level,
+            kind,
+            message,
+            data,
+        } = ev;
+        let (source, level, message) = (*source, *level, message.as_str());
+        let mut data = data.clone();
+        let ts = iso_millis(*at);
         let line = format_line(&ts, source, level, message);
         tracing::info!(target: "zergd::monitor", feature = %self.feature, "{}", line);
         if let Some((w, _)) = self.log.as_mut() {
@@ -161,14 +181,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let mut m = Monitor::open(dir.path(), "feat");
-            m.emit(
-                SystemTime::now(),
-                Source::Worker(2),
-                Level::Error,
-                "worker_crash",
-                "Worker 2 crashed",
-                json!({"exit": 9}),
-            );
+            m.emit(&MonitorEvent {
+                at: SystemTime::now(),
+                source: Source::Worker(2),
+                level: Level::Error,
+                kind: "worker_crash".into(),
+                message: "Worker 2 crashed".into(),
+                data: json!({"exit": 9}),
+            });
         }
         let log = std::fs::read_to_string(dir.path().join(".zerg/monitor.log")).unwrap();
         assert!(log.ends_with("[W2] [ERROR] Worker 2 crashed\n"), "{log}");

@@ -31,12 +31,13 @@ impl Supervisor {
     ) {
         match c {
             ControlCmd::Rush(req, reply) => self.start_rush(req, reply, now, wall),
-            ControlCmd::Status(req, reply) => {
-                let res = self
-                    .find(&req.repo, &req.feature)
-                    .map(|id| self.rushes[&id].status());
-                let _ = reply.send(res);
-            }
+            // Read-your-writes: the answer goes out after the state it shows is on disk.
+            ControlCmd::Status(req, reply) => match self.find(&req.repo, &req.feature) {
+                Ok(id) => self.with_rush(&id, |r, fx| fx.reply(reply, Ok(r.status()))),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             ControlCmd::List(reply) => {
                 let mut rushes: Vec<v1::RushSummary> =
                     self.rushes.values().map(|r| r.summary()).collect();
@@ -225,16 +226,7 @@ impl Supervisor {
         let id = p.doc.rush.rush_id.clone();
         self.ensure_plane(&id);
         let mode = p.doc.rush.mode;
-        let monitor = Monitor::open(&p.paths.repo, &p.doc.feature);
-        let rush = Rush::new(
-            p.doc,
-            p.graph,
-            p.config,
-            p.paths,
-            p.spec_context,
-            monitor,
-            now,
-        );
+        let rush = Rush::new(p.doc, p.graph, p.config, p.paths, p.spec_context, now);
         self.rushes.insert(id.clone(), rush);
         let mut fx = Effects::default();
         fx.reply(

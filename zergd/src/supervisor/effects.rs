@@ -25,6 +25,7 @@ impl Supervisor {
         if let Some(h) = self.planes.remove(rush_id) {
             h.abort();
         }
+        self.monitors.remove(rush_id);
         let _ = std::fs::remove_dir_all(crate::worker_plane::plane_dir(
             &self.settings.socket,
             rush_id,

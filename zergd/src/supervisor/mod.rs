@@ -216,6 +216,8 @@ pub struct Supervisor {
     watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, Status>>>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// monitor.log and events-file writers, opened on a rush's first event.
+    monitors: HashMap<String, Monitor>,
     clock: Arc<dyn Clock>,
     settings: Settings,
     tx: mpsc::UnboundedSender<Event>,
@@ -250,6 +252,7 @@ impl Supervisor {
                 container: Arc::new(cell),
             },
             planes: HashMap::new(),
+            monitors: HashMap::new(),
             clock,
             settings,
             tx,
@@ -325,6 +328,16 @@ impl Supervisor {
                     tracing::error!(error = %e, rush = %r.id(), "cannot save state");
                 }
                 r.dirty = false;
+                // Monitor lines go out once the state they describe is on disk.
+                if !r.events.is_empty() {
+                    let m = self
+                        .monitors
+                        .entry(r.id().to_string())
+                        .or_insert_with(|| Monitor::open(&r.paths.repo, &r.doc.feature));
+                    for ev in r.events.drain(..) {
+                        m.emit(&ev);
+                    }
+                }
                 changed_registry = true;
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {

@@ -31,13 +31,8 @@ impl Supervisor {
                     continue;
                 }
             };
-            let active = matches!(doc.rush.state.as_str(), "running" | "pending" | "paused");
-            let monitor = if active {
-                Monitor::open(&repo, &e.feature)
-            } else {
-                Monitor::disabled(&e.feature)
-            };
-            let mut r = Rush::new(doc, graph, config, paths, spec_context, monitor, now);
+            let active = doc.rush.state.is_active();
+            let mut r = Rush::new(doc, graph, config, paths, spec_context, now);
             r.escalations = load_escalations(&r);
             r.dirty = false;
             if active {

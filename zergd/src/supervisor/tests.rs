@@ -20,7 +20,6 @@ use zerg_proto::v1::lease_reply::Outcome;
 use super::rush::{Effects, MergeResult, Rush, RushPaths};
 use crate::config::{Config, WorkersConfig};
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
-use crate::monitor::Monitor;
 use crate::state::{RushMeta, TaskState, WorkerState};
 
 const FEATURE: &str = "feat";
@@ -98,15 +97,7 @@ impl H {
         };
         let doc = super::jobs::initial_doc(&graph, meta, &paths, SystemTime::UNIX_EPOCH);
         let now = Instant::now();
-        let mut r = Rush::new(
-            doc,
-            graph,
-            config,
-            paths,
-            "feature context".into(),
-            Monitor::disabled(FEATURE),
-            now,
-        );
+        let mut r = Rush::new(doc, graph, config, paths, "feature context".into(), now);
         r.dirty = false;
         H {
             r,
@@ -1698,7 +1689,6 @@ impl H {
             self.r.config.clone(),
             self.r.paths.clone(),
             self.r.spec_context.clone(),
-            Monitor::disabled(FEATURE),
             self.now,
         );
         self.leases.clear();

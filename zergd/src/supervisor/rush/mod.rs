@@ -24,7 +24,7 @@ use crate::domain::{
     FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
 };
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
-use crate::monitor::{Level, Monitor, Source};
+use crate::monitor::{Level, MonitorEvent, Source};
 use crate::state::StateDoc;
 use crate::worker_plane::{WorkerAuth, WorkerToken};
 use zerg_proto::contract::{Revocation, WorkerExit};
@@ -236,8 +236,8 @@ pub struct Rush {
     pub rt_tasks: HashMap<String, TaskRt>,
     /// Worker runtime data.
     pub rt_workers: BTreeMap<u32, WorkerRt>,
-    /// monitor.log writer.
-    pub monitor: Monitor,
+    /// Events since the last save, for monitor.log and the events file (written by the shell).
+    pub events: Vec<MonitorEvent>,
     /// Whether `doc` changed since the last save.
     pub dirty: bool,
     /// Whether a merge is running.
@@ -262,7 +262,6 @@ impl Rush {
         config: Config,
         paths: RushPaths,
         spec_context: String,
-        monitor: Monitor,
         now: Instant,
     ) -> Rush {
         Rush {
@@ -273,7 +272,7 @@ impl Rush {
             spec_context,
             rt_tasks: HashMap::new(),
             rt_workers: BTreeMap::new(),
-            monitor,
+            events: Vec::new(),
             dirty: true,
             merging: false,
             next_reconcile: now,
@@ -327,9 +326,15 @@ impl Rush {
         message: String,
         data: serde_json::Value,
     ) {
-        self.monitor
-            .emit(wall, source, level, kind, &message, data.clone());
-        self.doc.log(iso_millis(wall), kind, data);
+        self.doc.log(iso_millis(wall), kind, data.clone());
+        self.events.push(MonitorEvent {
+            at: wall,
+            source,
+            level,
+            kind: kind.to_string(),
+            message: message.clone(),
+            data,
+        });
         if self.messages.len() < 1000 {
             self.messages.push(message);
         }
