@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod domain;
+pub mod error;
 pub mod git;
 pub mod launcher;
 pub mod monitor;

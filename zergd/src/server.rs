@@ -38,6 +38,7 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Rush(r, tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn status(
@@ -49,6 +50,7 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Status(r, tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn list(
@@ -59,6 +61,7 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::List(tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     type WatchStream = ReceiverStream<Result<v1::WatchEvent, Status>>;
@@ -81,6 +84,7 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Stop(r, tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn retry(
@@ -92,6 +96,7 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Retry(r, tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 
     type LogsStream = BoxStream<v1::LogChunk>;
@@ -205,5 +210,6 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Shutdown(tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 }

@@ -200,6 +200,7 @@ impl PlaneService {
             .ask(|tx| Event::Worker(auth, make(r, tx)))
             .await
             .map(Response::new)
+            .map_err(Status::from)
     }
 }
 
@@ -230,7 +231,8 @@ impl Worker for PlaneService {
             let a = auth.clone();
             self.handle
                 .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(msg, tx)))
-                .await?;
+                .await
+                .map_err(Status::from)?;
         }
         Ok(Response::new(v1::HeartbeatReply {}))
     }

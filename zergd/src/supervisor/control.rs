@@ -3,7 +3,7 @@
 use super::*;
 
 impl Supervisor {
-    pub(super) fn find(&self, repo: &str, feature: &str) -> Result<String, Status> {
+    pub(super) fn find(&self, repo: &str, feature: &str) -> Result<String, SupervisorError> {
         let repo_path = jobs::resolve_repo(repo)?;
         let repo_s = repo_path.to_string_lossy().to_string();
         let mut matches: Vec<&Rush> = self
@@ -16,9 +16,9 @@ impl Supervisor {
         matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
         matches.last().map(|r| r.id().to_string()).ok_or_else(|| {
             if feature.is_empty() {
-                Status::not_found(format!("no rush in {repo_s}; start one with `zergctl rush FEATURE`"))
+                SupervisorError::not_found(format!("no rush in {repo_s}; start one with `zergctl rush FEATURE`"))
             } else {
-                Status::not_found(format!("no rush for feature '{feature}' in {repo_s}; start one with `zergctl rush {feature}`"))
+                SupervisorError::not_found(format!("no rush for feature '{feature}' in {repo_s}; start one with `zergctl rush {feature}`"))
             }
         })
     }
@@ -111,7 +111,7 @@ impl Supervisor {
             match req.mode.parse::<Mode>() {
                 Ok(m) => m,
                 Err(_) => {
-                    let _ = reply.send(Err(Status::invalid_argument(format!(
+                    let _ = reply.send(Err(SupervisorError::invalid_argument(format!(
                         "mode: '{}' is not subprocess or container",
                         req.mode.chars().take(64).collect::<String>()
                     ))));
@@ -122,7 +122,7 @@ impl Supervisor {
             Mode::Subprocess
         };
         if req.workers == 0 || req.workers > 64 {
-            let _ = reply.send(Err(Status::invalid_argument(
+            let _ = reply.send(Err(SupervisorError::invalid_argument(
                 "workers: must be between 1 and 64",
             )));
             return;
@@ -135,7 +135,7 @@ impl Supervisor {
         if let Some((id, state)) = existing {
             match state.as_str() {
                 "pending" | "running" | "paused" => {
-                    let _ = reply.send(Err(Status::already_exists(format!(
+                    let _ = reply.send(Err(SupervisorError::already_exists(format!(
                         "rush {} is already {state}; see `zergctl status {}`, or `zergctl stop {}`",
                         req.feature, req.feature, req.feature
                     ))));
@@ -184,7 +184,7 @@ impl Supervisor {
         }
         let key = (repo_s.clone(), req.feature.clone());
         if self.preparing.contains(&key) {
-            let _ = reply.send(Err(Status::already_exists(format!(
+            let _ = reply.send(Err(SupervisorError::already_exists(format!(
                 "rush {} is being prepared",
                 req.feature
             ))));
@@ -207,7 +207,7 @@ impl Supervisor {
     pub(super) fn on_prepared(
         &mut self,
         req: v1::RushRequest,
-        result: Result<(jobs::Prepared, Vec<String>), Status>,
+        result: Result<(jobs::Prepared, Vec<String>), SupervisorError>,
         reply: Reply<v1::RushReply>,
         now: Instant,
         wall: std::time::SystemTime,

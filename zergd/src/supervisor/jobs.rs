@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant as StdInstant, SystemTime};
 
-use tonic::Status;
+use crate::error::SupervisorError;
 use zerg_proto::graph::{self, GraphError, TaskGraph};
 
 use super::rush::{MergeJob, MergeResult, RushPaths, staging_branch, worker_branch};
@@ -32,13 +32,15 @@ pub struct Prepared {
 }
 
 /// Resolves and checks the repository path of a request.
-pub fn resolve_repo(repo: &str) -> Result<PathBuf, Status> {
+pub fn resolve_repo(repo: &str) -> Result<PathBuf, SupervisorError> {
     if repo.is_empty() {
-        return Err(Status::invalid_argument("repo: no repository path given"));
+        return Err(SupervisorError::invalid_argument(
+            "repo: no repository path given",
+        ));
     }
     let p = Path::new(repo);
     git::toplevel(p).map_err(|e| {
-        Status::invalid_argument(format!(
+        SupervisorError::invalid_argument(format!(
             "{repo} is not inside a git repository: {}",
             e.stderr
         ))
@@ -46,23 +48,23 @@ pub fn resolve_repo(repo: &str) -> Result<PathBuf, Status> {
 }
 
 /// Formats graph errors for a client: every error on its own line.
-pub fn graph_error_status(e: GraphError) -> Status {
+pub fn graph_error_status(e: GraphError) -> SupervisorError {
     match e {
         GraphError::Invalid { path, errors, .. } => {
             let lines: Vec<String> = errors.iter().map(|d| format!("  - {d}")).collect();
-            Status::invalid_argument(format!(
+            SupervisorError::invalid_argument(format!(
                 "{}: task graph is invalid ({} errors):\n{}",
                 path.display(),
                 errors.len(),
                 lines.join("\n")
             ))
         }
-        other => Status::invalid_argument(other.to_string()),
+        other => SupervisorError::invalid_argument(other.to_string()),
     }
 }
 
-fn internal(ctx: &str) -> impl FnOnce(git::GitError) -> Status + '_ {
-    move |e| Status::internal(format!("{ctx}: {e}"))
+fn internal(ctx: &str) -> impl FnOnce(git::GitError) -> SupervisorError + '_ {
+    move |e| SupervisorError::internal(format!("{ctx}: {e}"))
 }
 
 /// Prepares a fresh rush: validates the graph and config, snapshots the spec directory and
@@ -74,27 +76,27 @@ pub fn prepare_fresh(
     mode: Mode,
     rush_id: &str,
     wall: SystemTime,
-) -> Result<(Prepared, Vec<String>), Status> {
+) -> Result<(Prepared, Vec<String>), SupervisorError> {
     graph::validate_feature_name(feature)
-        .map_err(|e| Status::invalid_argument(format!("feature: {e}")))?;
+        .map_err(|e| SupervisorError::invalid_argument(format!("feature: {e}")))?;
     let spec_src = repo.join(".gsd").join("specs").join(feature);
     let graph_path = spec_src.join("task-graph.json");
     if !graph_path.exists() {
-        return Err(Status::not_found(format!(
+        return Err(SupervisorError::not_found(format!(
             "{} does not exist: create the task graph for feature '{feature}' first",
             graph_path.display()
         )));
     }
     let validated = graph::load(&graph_path).map_err(graph_error_status)?;
     if validated.graph.feature != feature {
-        return Err(Status::invalid_argument(format!(
+        return Err(SupervisorError::invalid_argument(format!(
             "{}: field `feature` is '{}' but the rush is for '{feature}'",
             graph_path.display(),
             validated.graph.feature
         )));
     }
     let (config, config_warnings) =
-        Config::load(repo).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Config::load(repo).map_err(|e| SupervisorError::invalid_argument(e.to_string()))?;
     let mut warnings: Vec<String> = config_warnings;
     warnings.extend(
         validated
@@ -104,7 +106,7 @@ pub fn prepare_fresh(
     );
 
     let (base_branch, base_commit) = git::head(repo).map_err(|e| {
-        Status::failed_precondition(format!(
+        SupervisorError::failed_precondition(format!(
             "cannot read HEAD of {} (does it have a commit?): {}",
             repo.display(),
             e.stderr
@@ -114,7 +116,7 @@ pub fn prepare_fresh(
     if let Some(old) = git::rev(repo, &format!("refs/heads/{staging}"))
         && !git::is_ancestor(repo, &old, &base_commit)
     {
-        return Err(Status::failed_precondition(format!(
+        return Err(SupervisorError::failed_precondition(format!(
             "branch {staging} holds commits from an earlier rush that are not on {base_branch}; merge it, or delete it with `git branch -D {staging}`, then rush again"
         )));
     }
@@ -126,7 +128,7 @@ pub fn prepare_fresh(
         if let Some(tip) = git::rev(repo, &format!("refs/heads/{b}"))
             && !git::is_ancestor(repo, &tip, &base_commit)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(SupervisorError::failed_precondition(format!(
                 "branch {b} holds commits from an earlier rush that are not on {base_branch}; merge them, or delete the branch with `git branch -D {b}`, then rush again"
             )));
         }
@@ -145,12 +147,14 @@ pub fn prepare_fresh(
     // Snapshot the spec directory and config: the rush runs with what was there at its start.
     let rush_dir = repo.join(".zerg").join("rush").join(feature);
     let _ = std::fs::remove_dir_all(&rush_dir);
-    copy_dir(&spec_src, &paths.spec_dir)
-        .map_err(|e| Status::internal(format!("snapshot of {}: {e}", spec_src.display())))?;
+    copy_dir(&spec_src, &paths.spec_dir).map_err(|e| {
+        SupervisorError::internal(format!("snapshot of {}: {e}", spec_src.display()))
+    })?;
     let cfg_src = repo.join(".zerg").join("config.yaml");
     if cfg_src.exists() {
-        std::fs::copy(&cfg_src, rush_dir.join("config.yaml"))
-            .map_err(|e| Status::internal(format!("snapshot of {}: {e}", cfg_src.display())))?;
+        std::fs::copy(&cfg_src, rush_dir.join("config.yaml")).map_err(|e| {
+            SupervisorError::internal(format!("snapshot of {}: {e}", cfg_src.display()))
+        })?;
     }
     exclude_zerg_dirs(repo);
 
@@ -283,7 +287,7 @@ pub fn ensure_worktrees(
     feature: &str,
     workers: u32,
     staging_head: &str,
-) -> Result<(), Status> {
+) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
     git::ensure_worktree(
         repo,

@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::SupervisorError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tonic::Status;
 use zerg_proto::v1;
 
 use crate::clock::Clock;
@@ -38,20 +38,20 @@ use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
 /// Reply channel type.
-pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
+pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 
 /// Commands from zergctl.
 pub enum ControlCmd {
     /// Start or resume a rush.
     Rush(v1::RushRequest, Reply<v1::RushReply>),
-    /// Status of a rush.
+    /// SupervisorError of a rush.
     Status(v1::StatusRequest, Reply<v1::RushStatus>),
     /// All rushes.
     List(Reply<v1::ListReply>),
     /// Subscribe to a rush's status.
     Watch(
         v1::WatchRequest,
-        Reply<mpsc::Receiver<Result<v1::WatchEvent, Status>>>,
+        Reply<mpsc::Receiver<Result<v1::WatchEvent, tonic::Status>>>,
     ),
     /// Stop a rush.
     Stop(v1::StopRequest, Reply<v1::StopReply>),
@@ -87,7 +87,7 @@ pub enum Pending {
 
 impl WorkerCmd {
     /// Answers the call with an error without handling it.
-    pub fn refuse(self, e: Status) {
+    pub fn refuse(self, e: SupervisorError) {
         match self {
             WorkerCmd::Register(_, r) => drop(r.send(Err(e))),
             WorkerCmd::Lease(_, r) => drop(r.send(Err(e))),
@@ -141,7 +141,7 @@ pub enum Event {
         /// The request.
         req: v1::RushRequest,
         /// The outcome.
-        result: Box<Result<(jobs::Prepared, Vec<String>), Status>>,
+        result: Box<Result<(jobs::Prepared, Vec<String>), SupervisorError>>,
         /// Where to answer.
         reply: Reply<v1::RushReply>,
     },
@@ -164,13 +164,13 @@ pub struct Handle {
 
 impl Handle {
     /// Sends a command and waits for its reply.
-    pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, Status> {
+    pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, SupervisorError> {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(make(tx))
-            .map_err(|_| Status::unavailable("the supervisor is not running"))?;
+            .map_err(|_| SupervisorError::unavailable("the supervisor is not running"))?;
         rx.await
-            .map_err(|_| Status::unavailable("the supervisor stopped before answering"))?
+            .map_err(|_| SupervisorError::unavailable("the supervisor stopped before answering"))?
     }
 }
 
@@ -213,7 +213,7 @@ impl Launchers {
 pub struct Supervisor {
     rushes: HashMap<String, Rush>,
     preparing: HashSet<(String, String)>,
-    watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, Status>>>>,
+    watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
     /// monitor.log and events-file writers, opened on a rush's first event.
@@ -439,7 +439,7 @@ impl Supervisor {
         &mut self,
         id: &str,
         reply: Reply<T>,
-        f: impl FnOnce(&mut Rush, &mut Effects) -> Result<T, Status>,
+        f: impl FnOnce(&mut Rush, &mut Effects) -> Result<T, SupervisorError>,
     ) {
         match self.rushes.get_mut(id) {
             Some(r) => {
@@ -449,7 +449,9 @@ impl Supervisor {
                 self.pending.push((id.to_string(), fx));
             }
             None => {
-                let _ = reply.send(Err(Status::not_found(format!("zergd knows no rush {id}"))));
+                let _ = reply.send(Err(SupervisorError::not_found(format!(
+                    "zergd knows no rush {id}"
+                ))));
             }
         }
     }

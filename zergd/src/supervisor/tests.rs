@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
+use crate::error::SupervisorError;
 use serde_json::{Value, json};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
-use tonic::{Code, Status};
+use tonic::Code;
 use zerg_proto::graph::TaskGraph;
 use zerg_proto::v1;
 use zerg_proto::v1::lease_reply::Outcome;
@@ -25,7 +26,7 @@ use crate::state::{RushMeta, TaskState, WorkerState};
 const FEATURE: &str = "feat";
 const RUSH_ID: &str = "feat-1";
 
-type LeaseRx = oneshot::Receiver<Result<v1::LeaseReply, Status>>;
+type LeaseRx = oneshot::Receiver<Result<v1::LeaseReply, SupervisorError>>;
 
 /// One task of a test graph; it creates `src/<id>.rs`.
 fn task(id: &str, level: u32, deps: &[&str]) -> Value {
@@ -221,7 +222,7 @@ impl H {
     }
 
     /// The lease reply worker `w` received, if any yet.
-    fn reply(&mut self, w: u32) -> Option<Result<v1::LeaseReply, Status>> {
+    fn reply(&mut self, w: u32) -> Option<Result<v1::LeaseReply, SupervisorError>> {
         let rx = self.leases.get_mut(&w)?;
         match rx.try_recv() {
             Ok(v) => {
@@ -283,7 +284,7 @@ impl H {
         }
     }
 
-    fn try_complete(&mut self, req: v1::CompleteRequest) -> Result<Effects, Status> {
+    fn try_complete(&mut self, req: v1::CompleteRequest) -> Result<Effects, SupervisorError> {
         let mut res = Ok(());
         let fx = self.run(|r, now, wall, fx| res = r.on_complete(req, now, wall, fx));
         res.map(|()| fx)
@@ -309,7 +310,7 @@ impl H {
         }
     }
 
-    fn try_fail(&mut self, req: v1::FailRequest) -> Result<Effects, Status> {
+    fn try_fail(&mut self, req: v1::FailRequest) -> Result<Effects, SupervisorError> {
         let mut res = Ok(());
         let fx = self.run(|r, now, wall, fx| res = r.on_fail(req, now, wall, fx));
         res.map(|()| fx)
@@ -336,7 +337,7 @@ impl H {
         t: Option<&v1::Task>,
         step: &str,
         last_output_ms: i64,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         let req = v1::HeartbeatRequest {
             worker: Some(worker),
             lease_id: t.map(|t| t.lease_id.clone()).unwrap_or_default(),

@@ -25,7 +25,7 @@ impl Supervisor {
         // Who is calling is settled before anything looks at what it asks.
         let checked = match self.rushes.get(&auth.rush_id) {
             Some(r) => r.authorize(&auth, &me),
-            None => Err(Status::not_found(format!(
+            None => Err(SupervisorError::not_found(format!(
                 "zergd knows no rush {}",
                 auth.rush_id
             ))),

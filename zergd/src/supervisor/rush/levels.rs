@@ -397,10 +397,10 @@ impl Rush {
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
-    ) -> Result<Vec<String>, Status> {
+    ) -> Result<Vec<String>, SupervisorError> {
         for id in ids {
             if !self.doc.tasks.contains_key(id) {
-                return Err(Status::not_found(format!(
+                return Err(SupervisorError::not_found(format!(
                     "no task {id} in rush {}",
                     self.feature()
                 )));

@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use crate::error::SupervisorError;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tonic::Status;
 use zerg_proto::graph::TaskGraph;
 use zerg_proto::v1;
 
@@ -39,7 +39,7 @@ mod worker_rpc;
 pub use recovery::{Observed, Readoption};
 
 /// Reply channel for a lease request.
-pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, Status>>;
+pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, SupervisorError>>;
 
 /// Side effects requested by the state machine.
 #[derive(Default)]

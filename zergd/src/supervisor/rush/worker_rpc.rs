@@ -22,32 +22,36 @@ impl Rush {
         }
     }
 
-    pub(super) fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), Status> {
+    pub(super) fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), SupervisorError> {
         match self.doc.workers.get(&r.worker_id.to_string()) {
             Some(ws) if ws.generation == r.generation => Ok(()),
-            Some(ws) => Err(
-                Revocation::Superseded.mark(Status::failed_precondition(format!(
+            Some(ws) => Err(SupervisorError::revoked(
+                Revocation::Superseded,
+                SupervisorError::failed_precondition(format!(
                     "worker {} generation {} was superseded by generation {}",
                     r.worker_id, r.generation, ws.generation
-                ))),
-            ),
-            None => Err(Status::not_found(format!("no worker slot {}", r.worker_id))),
+                )),
+            )),
+            None => Err(SupervisorError::not_found(format!(
+                "no worker slot {}",
+                r.worker_id
+            ))),
         }
     }
 
     /// Checks that a worker-plane call comes from the worker it names: on this rush's socket,
     /// with the token of that slot's current generation. Runs before anything else looks at the
     /// request.
-    pub fn authorize(&self, auth: &WorkerAuth, r: &v1::WorkerRef) -> Result<(), Status> {
+    pub fn authorize(&self, auth: &WorkerAuth, r: &v1::WorkerRef) -> Result<(), SupervisorError> {
         if auth.rush_id != r.rush_id {
-            return Err(Status::permission_denied(format!(
+            return Err(SupervisorError::permission_denied(format!(
                 "this worker socket serves rush {}, not {:?}",
                 auth.rush_id,
                 r.rush_id.chars().take(80).collect::<String>()
             )));
         }
         let Some(hash) = auth.token_sha256.as_deref() else {
-            return Err(Status::unauthenticated(
+            return Err(SupervisorError::unauthenticated(
                 "worker RPCs must carry the worker's token (authorization: Bearer <ZERG_WORKER_TOKEN>)",
             ));
         };
@@ -56,9 +60,9 @@ impl Rush {
             .doc
             .workers
             .get(&r.worker_id.to_string())
-            .ok_or_else(|| Status::not_found(format!("no worker slot {}", r.worker_id)))?;
+            .ok_or_else(|| SupervisorError::not_found(format!("no worker slot {}", r.worker_id)))?;
         if ws.token_sha256.is_empty() || ws.token_sha256 != hash {
-            return Err(Status::permission_denied(format!(
+            return Err(SupervisorError::permission_denied(format!(
                 "the token does not belong to worker {} generation {}",
                 r.worker_id, r.generation
             )));
@@ -72,11 +76,11 @@ impl Rush {
         req: v1::RegisterRequest,
         now: Instant,
         wall: SystemTime,
-    ) -> Result<v1::RegisterReply, Status> {
+    ) -> Result<v1::RegisterReply, SupervisorError> {
         let r = req.worker.unwrap_or_default();
         self.check_generation(&r)?;
         if self.is_terminal() {
-            return Err(Status::failed_precondition(format!(
+            return Err(SupervisorError::failed_precondition(format!(
                 "rush is {}",
                 self.state()
             )));
@@ -342,24 +346,30 @@ impl Rush {
         r: &v1::WorkerRef,
         task_id: &str,
         lease_id: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         self.check_generation(r)?;
         let revoked = Revocation::Lease(lease_id.to_string());
         let ts = self.doc.tasks.get(task_id).ok_or_else(|| {
-            revoked.mark(Status::not_found(format!(
-                "no task {:?}",
-                task_id.chars().take(80).collect::<String>()
-            )))
+            SupervisorError::revoked(
+                revoked.clone(),
+                SupervisorError::not_found(format!(
+                    "no task {:?}",
+                    task_id.chars().take(80).collect::<String>()
+                )),
+            )
         })?;
         if ts.lease_id.as_deref() != Some(lease_id)
             || ts.status != TaskStatus::InProgress
             || ts.worker_id != Some(r.worker_id)
         {
-            return Err(revoked.mark(Status::failed_precondition(format!(
-                "lease {lease_id} for task {task_id} is no longer valid (current: {}, status {})",
-                ts.lease_id.as_deref().unwrap_or("none"),
-                ts.status
-            ))));
+            return Err(SupervisorError::revoked(
+                revoked,
+                SupervisorError::failed_precondition(format!(
+                    "lease {lease_id} for task {task_id} is no longer valid (current: {}, status {})",
+                    ts.lease_id.as_deref().unwrap_or("none"),
+                    ts.status
+                )),
+            ));
         }
         Ok(())
     }
@@ -370,7 +380,7 @@ impl Rush {
         req: v1::HeartbeatRequest,
         now: Instant,
         wall: SystemTime,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         let r = req.worker.clone().unwrap_or_default();
         self.check_generation(&r)?;
         if !req.lease_id.is_empty() {
@@ -379,7 +389,7 @@ impl Rush {
         let step: Step = req
             .step
             .parse()
-            .map_err(|e| Status::invalid_argument(format!("step: {e}")))?;
+            .map_err(|e| SupervisorError::invalid_argument(format!("step: {e}")))?;
         let w = r.worker_id;
         self.touch(w, now, wall);
         let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
@@ -439,7 +449,7 @@ impl Rush {
         r: &v1::WorkerRef,
         task_id: &str,
         lease_id: &str,
-    ) -> Result<CommitCheck, Status> {
+    ) -> Result<CommitCheck, SupervisorError> {
         self.check_lease(r, task_id, lease_id)?;
         let ts = &self.doc.tasks[task_id];
         Ok(CommitCheck {
@@ -463,7 +473,7 @@ impl Rush {
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
-    ) -> Status {
+    ) -> SupervisorError {
         let r = req.worker.clone().unwrap_or_default();
         let task_id = req.task_id.as_str();
         if let Err(e) = self.check_lease(&r, task_id, &req.lease_id) {
@@ -487,7 +497,7 @@ impl Rush {
         self.fail_attempt(task_id, w, &format!("commit refused: {why}"), now, wall);
         self.check_level_done(now, wall, fx);
         self.dispatch(now, wall, fx);
-        Status::failed_precondition(format!("commit refused: {why}"))
+        SupervisorError::failed_precondition(format!("commit refused: {why}"))
     }
 
     /// The inputs of the compatible `heartbeat-<id>.json` and `progress-<id>.json` files of a
@@ -543,7 +553,7 @@ impl Rush {
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         let r = req.worker.clone().unwrap_or_default();
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
@@ -602,7 +612,7 @@ impl Rush {
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         let r = req.worker.clone().unwrap_or_default();
         self.check_lease(&r, &req.task_id, &req.lease_id)?;
         let w = r.worker_id;
@@ -674,7 +684,7 @@ impl Rush {
         req: v1::EscalateRequest,
         wall: SystemTime,
         fx: &mut Effects,
-    ) -> Result<(), Status> {
+    ) -> Result<(), SupervisorError> {
         let r = req.worker.clone().unwrap_or_default();
         self.check_generation(&r)?;
         let esc = v1::Escalation {
