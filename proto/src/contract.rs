@@ -90,6 +90,15 @@ impl WorkerExit {
     }
 }
 
+/// The environment every git command of zergd and of the worker agent runs with: git must
+/// never wait for a terminal or an editor (a merge that opens an editor hangs an unattended
+/// run).
+pub const GIT_ENV: &[(&str, &str)] = &[
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("GIT_EDITOR", "true"),
+    ("GIT_MERGE_AUTOEDIT", "no"),
+];
+
 /// gRPC metadata key of the worker token on every `Worker` RPC: `authorization: Bearer <hex>`.
 pub const TOKEN_METADATA: &str = "authorization";
 

@@ -254,12 +254,21 @@ pub fn detect_rate_limit(line: &str) -> Option<i64> {
 
 /// Runs git in the worktree and returns trimmed stdout, or stderr as the error.
 pub async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    git_with(dir, args, &[]).await
+}
+
+/// [`git`] with extra environment variables (a commit identity).
+pub async fn git_with(
+    dir: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<String, String> {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_EDITOR", "true")
+        .envs(zerg_proto::contract::GIT_ENV.iter().copied())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .output()
         .await

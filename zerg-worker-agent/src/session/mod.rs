@@ -202,10 +202,6 @@ impl Session {
                     TaskEnd::Next => continue,
                     TaskEnd::Exit(code) => return code,
                 },
-                Some(v1::lease_reply::Outcome::Wait(w)) => {
-                    tokio::time::sleep(Duration::from_millis(w.retry_after_ms.clamp(100, 30_000)))
-                        .await;
-                }
                 Some(v1::lease_reply::Outcome::Done(d)) => {
                     eprintln!(
                         "zerg-worker-agent: no work left ({}); {} task(s) completed",

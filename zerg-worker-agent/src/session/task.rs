@@ -389,24 +389,7 @@ impl Session {
     }
 
     pub(super) async fn git_with_identity(&self, args: &[&str]) -> Result<String, String> {
-        let out = tokio::process::Command::new("git")
-            .arg("-C")
-            .arg(&self.env.worktree)
-            .args(args)
-            .envs(self.identity.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|e| format!("cannot run git: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(format!(
-                "git {}: {}",
-                args.first().unwrap_or(&""),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        run::git_with(&self.env.worktree, args, &self.identity).await
     }
 
     /// Files the task changed that it does not own.

@@ -24,10 +24,7 @@ pub fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
         .arg("-C")
         .arg(dir)
         .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        // Merges must never wait for an editor (a known hang in peers' tools).
-        .env("GIT_EDITOR", "true")
-        .env("GIT_MERGE_AUTOEDIT", "no")
+        .envs(zerg_proto::contract::GIT_ENV.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| GitError {
