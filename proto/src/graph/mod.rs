@@ -269,9 +269,9 @@ pub fn level_from_id(id: &str) -> Option<u32> {
     None
 }
 
-/// Checks one path from `files.create`, `files.modify` or `files.read`: it must be relative,
-/// normalised (no empty, `.` or `..` components, no trailing `/`, no backslashes) and must not
-/// be inside a `.git` directory (any component equal to `.git`, compared case-insensitively).
+/// Checks one path from `files.create` or `files.modify`: it must be relative, normalised (no
+/// empty, `.` or `..` components, no trailing `/`, no backslashes) and must not be inside a
+/// `.git` directory (any component equal to `.git`, compared case-insensitively).
 pub fn validate_file_path(path: &str) -> Result<(), String> {
     if path.is_empty() {
         return Err("path must not be empty".to_owned());
@@ -313,6 +313,16 @@ pub fn validate_file_path(path: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Checks one path from `files.read`: as [`validate_file_path`], except that it may name a
+/// whole directory with a trailing `/` (`"src/"`), as the original's design step writes.
+pub fn validate_read_path(path: &str) -> Result<(), String> {
+    match path.strip_suffix('/') {
+        Some(dir) if !dir.is_empty() && !dir.ends_with('/') => validate_file_path(dir)
+            .map_err(|e| e.replace(&format!("'{dir}'"), &format!("'{path}'"))),
+        _ => validate_file_path(path),
+    }
 }
 
 impl TaskGraph {

@@ -377,7 +377,14 @@ pub(super) fn read_task(index: usize, value: &Value, cx: &mut Collector) -> Opti
                     continue;
                 };
                 for (i, path) in read_string_list(v, task, &field, true, cx).unwrap_or_default() {
-                    if let Err(message) = validate_file_path(&path) {
+                    // Reading a whole directory (`src/`) is legitimate; creating or modifying
+                    // one is not.
+                    let checked = if kind == "read" {
+                        validate_read_path(&path)
+                    } else {
+                        validate_file_path(&path)
+                    };
+                    if let Err(message) = checked {
                         cx.error(task, format!("{field}[{i}]"), message);
                     }
                     out.push((i, path));

@@ -395,6 +395,14 @@ fn path_rules() {
     ] {
         assert!(validate_file_path(bad).is_err(), "{bad:?}");
     }
+    // A read path may name a directory; create and modify paths may not.
+    for good in ["src/", "zerg/performance/adapters/", "a.rs"] {
+        assert!(validate_read_path(good).is_ok(), "{good}");
+    }
+    for bad in ["/", "//", "a//", "../", ".git/", "/abs/", "a/../"] {
+        assert!(validate_read_path(bad).is_err(), "{bad:?}");
+    }
+    assert!(validate_file_path("src/").is_err());
     let mut t = task("T1", 1, &[], &["ok.rs", "/abs", "a//b"]);
     t["files"]["modify"] = json!(["../up"]);
     t["files"]["read"] = json!([".git/HEAD", "fine.md"]);
@@ -808,4 +816,36 @@ fn byte_order_mark_is_accepted() {
     let mut bytes = b"\xEF\xBB\xBF".to_vec();
     bytes.extend(graph(small()).to_string().into_bytes());
     assert!(parse(&bytes, Path::new("g.json")).is_ok());
+}
+
+#[test]
+fn graphs_that_read_whole_directories_are_accepted() {
+    // As the original's design step writes them.
+    let mut a = task("PERF-L1-001", 1, &[], &["zerg/performance/report.md"]);
+    a["files"]["read"] = json!(["zerg/", "zerg/performance/adapters/"]);
+    let v = ok(&graph(vec![a]));
+    assert_eq!(
+        v.graph.tasks[0].files.read,
+        vec!["zerg/", "zerg/performance/adapters/"]
+    );
+    // Creating or modifying a directory is still refused, with the field named.
+    let mut b = task("PERF-L1-002", 1, &[], &["src/"]);
+    b["files"]["modify"] = json!(["lib/"]);
+    match run(&graph(vec![b])) {
+        Err(GraphError::Invalid { errors, .. }) => {
+            assert_has(
+                &errors,
+                Some("PERF-L1-002"),
+                "files.create[0]",
+                "must not end with '/'",
+            );
+            assert_has(
+                &errors,
+                Some("PERF-L1-002"),
+                "files.modify[0]",
+                "must not end with '/'",
+            );
+        }
+        other => panic!("expected invalid, got {other:?}"),
+    }
 }
