@@ -91,7 +91,10 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
             if let Some(d) = p.parent() {
                 let _ = tokio::fs::create_dir_all(d).await;
             }
-            tokio::fs::File::create(p).await.ok()
+            tokio::fs::File::create(p)
+                .await
+                .ok()
+                .map(|f| tokio::io::BufWriter::with_capacity(256 << 10, f))
         }
         None => None,
     };
@@ -171,7 +174,8 @@ async fn kill_child(child: &mut tokio::process::Child, own_group: bool) {
 }
 
 struct Sink {
-    file: Option<tokio::fs::File>,
+    /// The artifact file, buffered: a command may print hundreds of thousands of lines.
+    file: Option<tokio::io::BufWriter<tokio::fs::File>>,
     tail: VecDeque<String>,
     rate_limit: Option<i64>,
     /// `is_error` of the final stream-json `result` event, once seen.

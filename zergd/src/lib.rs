@@ -158,13 +158,44 @@ pub async fn run(
         let _ = outcome_tx.send(outcome);
     };
     let result = tonic::transport::Server::builder()
-        .add_service(ControlServer::new(services))
+        .add_service(ControlServer::with_interceptor(services, owner_only))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
     sup_task.abort();
     let _ = std::fs::remove_file(&opts.socket);
     result?;
     outcome_rx.await.unwrap_or(Ok(()))
+}
+
+/// Lets only zergd's own user use the control socket. The socket is already 0600 in a 0700
+/// directory; this checks every call's peer credentials (`SO_PEERCRED`) as well, refuses anyone
+/// else with a status that says why, and logs the refusal.
+pub fn owner_only(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    let me = nix::unistd::geteuid().as_raw();
+    let peer = req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred);
+    match peer {
+        Some(c) if c.uid() == me => Ok(req),
+        Some(c) => {
+            tracing::warn!(
+                uid = c.uid(),
+                pid = c.pid(),
+                "refused a control call from another user"
+            );
+            Err(tonic::Status::permission_denied(format!(
+                "uid {} may not use zergd's control socket: it belongs to uid {me}",
+                c.uid()
+            )))
+        }
+        None => {
+            tracing::warn!("refused a control call whose peer credentials are unknown");
+            Err(tonic::Status::permission_denied(
+                "zergd cannot tell who is calling on its control socket",
+            ))
+        }
+    }
 }
 
 /// Runs the supervisor actor and turns a panic inside it into an error, so that the daemon

@@ -433,6 +433,39 @@ fn the_socket_is_private() {
 }
 
 #[test]
+fn another_user_is_refused_on_the_control_socket_even_when_the_file_mode_allows_it() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: switching to another uid needs root");
+        return;
+    }
+    let d = Daemon::start();
+    // Open the file-mode gate on purpose: the peer-credential check must hold by itself.
+    let dir = d.socket.parent().unwrap();
+    for p in [dir, dir.parent().unwrap()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["list"])
+        .env("ZERG_SOCKET", &d.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "another uid was served: {stderr}");
+    assert!(
+        stderr.contains("uid 65534 may not use zergd's control socket"),
+        "{stderr}"
+    );
+    assert!(d.log().contains("refused a control call from another user"));
+    // zergd's own user still gets through.
+    assert!(d.ctl(&["list"]).status.success());
+}
+
+#[test]
 fn the_demo_runs() {
     let out = std::process::Command::new(bin("zergctl"))
         .args(["demo", "--workers", "2"])

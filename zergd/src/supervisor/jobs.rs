@@ -409,7 +409,12 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         Err(e) => return MergeResult::Error(e.to_string()),
     };
     for g in gates {
-        let (ok, output) = run_shell(&g.command, staging, secs(g.timeout));
+        let log = job.log_dir.join(format!(
+            "gate-{}-level-{}.log",
+            sanitize(&g.name),
+            job.level
+        ));
+        let (ok, output) = run_shell(&g.command, staging, secs(g.timeout), Some(&log));
         if !ok && g.required {
             return MergeResult::GateFailed {
                 gate: g.name.clone(),
@@ -431,8 +436,16 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
     MergeResult::Merged(head)
 }
 
-/// Runs `sh -c cmd` in `dir` with a timeout; returns success and combined output.
-pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration) -> (bool, String) {
+/// How much of a command's output is kept in memory (the end of it), for status and errors.
+const OUTPUT_TAIL_BYTES: usize = 64 << 10;
+
+/// Runs `sh -c cmd` in `dir` with a timeout; returns success and the tail of its combined
+/// output. The output is drained while the command runs (a command may print any amount: a
+/// full pipe would block it), written in full to `log` when given, and only its last
+/// [`OUTPUT_TAIL_BYTES`] are kept.
+pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -> (bool, String) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
     let mut child = match Command::new("sh")
         .arg("-c")
         .arg(cmd)
@@ -446,10 +459,49 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration) -> (bool, String) {
         Ok(c) => c,
         Err(e) => return (false, format!("cannot run sh: {e}")),
     };
+    let file = log.and_then(|p| {
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        std::fs::File::create(p).ok()
+    });
+    let sink = Arc::new(Mutex::new((std::collections::VecDeque::<u8>::new(), file)));
+    let pumps: Vec<_> = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|mut r| {
+        let sink = sink.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64 << 10];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let Ok(mut g) = sink.lock() else { break };
+                let (tail, file) = &mut *g;
+                if let Some(f) = file.as_mut() {
+                    let _ = f.write_all(&buf[..n]);
+                }
+                tail.extend(&buf[..n]);
+                let excess = tail.len().saturating_sub(OUTPUT_TAIL_BYTES);
+                tail.drain(..excess);
+            }
+        })
+    })
+    .collect();
     let start = StdInstant::now();
-    loop {
+    let ok = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(st)) => break st.success(),
             Ok(None) if start.elapsed() > timeout => {
                 let pid = child.id() as i32;
                 let _ = nix::sys::signal::killpg(
@@ -457,23 +509,51 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration) -> (bool, String) {
                     nix::sys::signal::Signal::SIGKILL,
                 );
                 let _ = child.wait();
+                let out = collect(&sink);
                 return (
                     false,
-                    format!("timed out after {:.0}s", timeout.as_secs_f64()),
+                    format!("timed out after {:.0}s: {out}", timeout.as_secs_f64()),
                 );
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return (false, e.to_string()),
         }
+    };
+    // The pipes close when the command and everything it started have exited; a grandchild
+    // that keeps them open is killed with the group.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for p in pumps {
+        let _ = p.join();
     }
-    match child.wait_with_output() {
-        Ok(out) => {
-            let mut s = String::from_utf8_lossy(&out.stdout).to_string();
-            s.push_str(&String::from_utf8_lossy(&out.stderr));
-            (out.status.success(), s)
-        }
-        Err(e) => (false, e.to_string()),
-    }
+    (ok, collect(&sink))
+}
+
+type OutputSink = std::sync::Mutex<(std::collections::VecDeque<u8>, Option<std::fs::File>)>;
+
+fn collect(sink: &OutputSink) -> String {
+    let Ok(g) = sink.lock() else {
+        return String::new();
+    };
+    let (tail, _) = &*g;
+    let bytes: Vec<u8> = tail.iter().copied().collect();
+    String::from_utf8_lossy(&bytes).to_string()
+}
+
+/// A gate name usable in a file name.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -500,4 +580,49 @@ pub fn cleanup_worktrees(paths: &RushPaths, feature: &str, workers: &BTreeMap<u3
         tracing::warn!(error = %e, "could not remove staging worktree");
     }
     let _ = std::fs::remove_dir(&paths.worktrees);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_that_prints_10_mb_passes_with_its_tail_kept_and_its_output_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("logs/gate.log");
+        // About 10 MB on stdout and some on stderr: far more than a pipe holds.
+        let (ok, out) = run_shell(
+            "seq 1 1300000; echo done >&2",
+            dir.path(),
+            Duration::from_secs(300),
+            Some(&log),
+        );
+        assert!(ok, "{}", tail(&out, 200));
+        assert!(out.len() <= OUTPUT_TAIL_BYTES, "only the tail is kept");
+        assert!(out.contains("1300000"), "{}", tail(&out, 200));
+        let logged = std::fs::metadata(&log).unwrap().len();
+        assert!(
+            logged > 9_000_000,
+            "the full output is in the log: {logged} bytes"
+        );
+        let (ok, out) = run_shell(
+            "echo broken; exit 3",
+            dir.path(),
+            Duration::from_secs(30),
+            None,
+        );
+        assert!(!ok);
+        assert_eq!(out.trim(), "broken");
+        let (ok, out) = run_shell(
+            "echo started; sleep 30",
+            dir.path(),
+            Duration::from_millis(300),
+            None,
+        );
+        assert!(!ok);
+        assert!(
+            out.starts_with("timed out after") && out.contains("started"),
+            "{out}"
+        );
+    }
 }

@@ -58,6 +58,7 @@ impl Rush {
             level,
             heads,
             staging: self.paths.staging_worktree(),
+            log_dir: self.paths.log_dir.clone(),
         });
     }
 

@@ -82,6 +82,8 @@ pub struct MergeJob {
     pub heads: Vec<(u32, PathBuf, String)>,
     /// Staging worktree.
     pub staging: PathBuf,
+    /// Where each quality gate's full output goes (`.zerg/logs`).
+    pub log_dir: PathBuf,
 }
 
 /// Result of a [`MergeJob`].
