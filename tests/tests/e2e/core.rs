@@ -331,6 +331,15 @@ fn stop_really_stops_the_workers() {
             "fake agent {pid} in {cwd:?} survived stop"
         );
     }
+    // Resuming reports the rush's own worker count, not the CLI's default.
+    let out = d.ctl_in(&repo.path, &["rush", "stop", "--detach"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("Resumed rush stop") && stdout.contains("with 2 "),
+        "{stdout}"
+    );
+    let _ = d.ctl_in(&repo.path, &["stop", "stop", "--force"]);
 }
 
 #[test]

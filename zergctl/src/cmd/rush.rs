@@ -29,9 +29,10 @@ pub async fn rush(
         eprintln!("warning: {w}");
     }
     println!(
-        "{} rush {feature} ({}) with {workers} {} worker(s)",
+        "{} rush {feature} ({}) with {} {} worker(s)",
         if r.resumed { "Resumed" } else { "Started" },
         r.rush_id,
+        if r.workers > 0 { r.workers } else { workers },
         r.mode
     );
     if detach {

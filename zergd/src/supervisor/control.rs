@@ -164,6 +164,7 @@ impl Supervisor {
                         }
                         let res = r.retry(&[], false, now, wall, fx);
                         let mode = r.doc.rush.mode.to_string();
+                        let workers = r.doc.rush.workers;
                         fx.reply(
                             reply,
                             res.map(|_| v1::RushReply {
@@ -171,6 +172,7 @@ impl Supervisor {
                                 warnings: vec![],
                                 resumed: true,
                                 mode,
+                                workers,
                             }),
                         );
                     });
@@ -236,6 +238,7 @@ impl Supervisor {
                 warnings,
                 resumed: false,
                 mode: mode.to_string(),
+                workers: req.workers,
             }),
         );
         let r = self.rushes.get_mut(&id).expect("inserted");
