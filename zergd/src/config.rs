@@ -2,7 +2,8 @@
 //!
 //! Keys and defaults follow the original ZERG plus the resilience keys of the
 //! requirements. Sections that the original knows but this engine does not use (`plugins`, `mcp_servers`,
-//! `git`, …) are accepted silently; any other unknown key produces a warning; a value of the wrong
+//! `git`, …) are accepted silently; any other key the config types do not know (found by
+//! `serde_ignored`, at any depth) produces a warning; a value of the wrong
 //! type is an error that names the key path.
 
 use std::path::Path;
@@ -340,10 +341,19 @@ impl Config {
         if value.is_null() {
             return Ok((Config::default(), vec![]));
         }
-        let mut warnings = Vec::new();
-        collect_unknown(&value, &mut warnings, path);
-        // Deserialise from the text (not the Value) so errors carry the key path and line.
-        let config: Config = serde_yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        // Deserialise from the text (not the Value) so errors carry the key path and line; every
+        // key the structs do not know is reported on the way.
+        let mut unknown = Vec::new();
+        let config: Config =
+            serde_ignored::deserialize(serde_yaml::Deserializer::from_str(text), |p| {
+                unknown.push(p.to_string())
+            })
+            .map_err(|e| invalid(e.to_string()))?;
+        let warnings = unknown
+            .into_iter()
+            .filter(|k| warn_unknown(k))
+            .map(|k| format!("{path}: unknown key {k} (ignored)"))
+            .collect();
         config.check().map_err(invalid)?;
         Ok((config, warnings))
     }
@@ -448,81 +458,23 @@ pub fn parse_memory(s: &str) -> Result<i64, String> {
     Ok((n * mult as f64) as i64)
 }
 
-/// Known keys per section, for unknown-key warnings.
-fn known_keys(section: &str) -> Option<&'static [&'static str]> {
-    Some(match section {
-        "workers" => &[
-            "retry_attempts",
-            "backoff_strategy",
-            "backoff_base_seconds",
-            "backoff_max_seconds",
-            "spawn_retry_attempts",
-            "spawn_backoff_strategy",
-            "spawn_backoff_base_seconds",
-            "spawn_backoff_max_seconds",
-            "task_stale_timeout_seconds",
-            "heartbeat_interval_seconds",
-            "heartbeat_stale_threshold",
-            "auto_respawn",
-            "max_respawn_attempts",
-            "respawn_window_seconds",
-            "spawn_ready_timeout_seconds",
-            "stop_grace_seconds",
-            "reconcile_interval_seconds",
-            "max_concurrent",
-            "timeout_minutes",
-            "launcher_type",
-            "context_threshold_percent",
-            "task_list_id",
-        ],
-        "resilience" => &["enabled"],
-        "agent" => &["command", "timeout_seconds"],
-        "verification_tiers" => &[
-            "tier1_blocking",
-            "tier1_command",
-            "tier2_blocking",
-            "tier2_command",
-            "tier3_blocking",
-            "tier3_command",
-            "timeout_seconds",
-        ],
-        "container" => &["image", "network"],
-        "resources" => &[
-            "container_memory_limit",
-            "container_cpu_limit",
-            "container_pids_limit",
-            "cpu_cores",
-            "memory_gb",
-            "disk_gb",
-        ],
-        _ => return None,
-    })
-}
+/// Keys of the original ZERG's sections that this engine accepts and does not use: no warning.
+const COMPAT_KEYS: &[&str] = &[
+    "workers.max_concurrent",
+    "workers.timeout_minutes",
+    "workers.launcher_type",
+    "workers.context_threshold_percent",
+    "workers.task_list_id",
+    "resources.cpu_cores",
+    "resources.memory_gb",
+    "resources.disk_gb",
+];
 
-fn collect_unknown(value: &serde_yaml::Value, warnings: &mut Vec<String>, path: &str) {
-    let Some(map) = value.as_mapping() else {
-        return;
-    };
-    for (k, v) in map {
-        let Some(key) = k.as_str() else { continue };
-        if key == "quality_gates" || IGNORED_SECTIONS.contains(&key) {
-            continue;
-        }
-        match known_keys(key) {
-            Some(known) => {
-                if let Some(inner) = v.as_mapping() {
-                    for (ik, _) in inner {
-                        if let Some(ik) = ik.as_str()
-                            && !known.contains(&ik)
-                        {
-                            warnings.push(format!("{path}: unknown key {key}.{ik} (ignored)"));
-                        }
-                    }
-                }
-            }
-            None => warnings.push(format!("{path}: unknown key {key} (ignored)")),
-        }
-    }
+/// Whether an ignored key (as `serde_ignored` names it, e.g. `workers.retry_atempts`) deserves a
+/// warning: everything but the original's sections and keys this engine accepts silently.
+fn warn_unknown(path: &str) -> bool {
+    let section = path.split('.').next().unwrap_or(path);
+    !IGNORED_SECTIONS.contains(&section) && !COMPAT_KEYS.contains(&path)
 }
 
 /// Converts config seconds to a [`Duration`].
@@ -560,6 +512,21 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert!(w[0].contains("workers.retry_atempts"));
         assert!(w[1].contains("bogus"));
+    }
+
+    #[test]
+    fn unknown_keys_are_found_at_any_depth_from_the_types() {
+        let text = "quality_gates:\n  - {name: t, command: 'cargo test', retries: 2}\ncontainer: {image: x, gpu: true}\nresources: {cpu_cores: 4}\n";
+        let (c, w) = Config::parse(text, "c.yaml").unwrap();
+        assert_eq!(c.quality_gates.len(), 1);
+        assert_eq!(
+            w,
+            vec![
+                "c.yaml: unknown key quality_gates.0.retries (ignored)".to_string(),
+                "c.yaml: unknown key container.gpu (ignored)".to_string(),
+            ],
+            "resources.cpu_cores is one of the original's keys: accepted silently"
+        );
     }
 
     #[test]
