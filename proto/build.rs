@@ -6,9 +6,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["."])?;
-    tonic_prost_build::configure()
-        // Status messages serialise straight to `zergctl status --json`.
-        .type_attribute(".zerg.v1", "#[derive(serde::Serialize)]")
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 mod cmd;
 mod demo;
 pub mod image;
+pub mod json;
 mod render;
 mod service;
 

@@ -5,9 +5,9 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 use zerg_proto::v1;
 
-/// `status --json`.
+/// `status --json`, from the CLI's own JSON types ([`crate::json`]).
 pub fn status_json(st: &v1::RushStatus) -> String {
-    serde_json::to_string_pretty(st).unwrap_or_else(|_| "{}".into())
+    serde_json::to_string_pretty(&crate::json::Status::from(st)).unwrap_or_else(|_| "{}".into())
 }
 
 fn done_count(st: &v1::RushStatus) -> usize {

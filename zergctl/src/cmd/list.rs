@@ -16,7 +16,13 @@ pub async fn run(socket: &Path, json: bool) -> Result<u8, CliError> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&l.rushes).unwrap_or_default()
+            serde_json::to_string_pretty(
+                &l.rushes
+                    .iter()
+                    .map(crate::json::Summary::from)
+                    .collect::<Vec<_>>()
+            )
+            .unwrap_or_default()
         );
     } else if l.rushes.is_empty() {
         println!("no rushes");
