@@ -20,6 +20,7 @@ pub mod monitor;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod wire;
 pub mod worker_plane;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

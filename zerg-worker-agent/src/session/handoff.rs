@@ -28,7 +28,7 @@ impl Session {
         }
         self.fail(
             task,
-            "escalated",
+            v1::FailKind::Escalated,
             format!("[{category}] {message}"),
             0,
             String::new(),
@@ -89,7 +89,7 @@ impl Session {
         }
         self.fail(
             task,
-            "checkpoint",
+            v1::FailKind::Checkpoint,
             format!("checkpoint at {pct}%: {next}"),
             0,
             sha,

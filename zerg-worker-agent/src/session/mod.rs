@@ -65,7 +65,7 @@ pub struct Session {
     abort_rx: watch::Receiver<Option<Revocation>>,
     last_output: Arc<AtomicI64>,
     current: Option<(String, String)>,
-    step: &'static str,
+    step: v1::Step,
     progress: u32,
     tasks_completed: u32,
     tiers: Vec<v1::TierResult>,
@@ -123,7 +123,7 @@ impl Session {
             abort_rx,
             last_output: Arc::new(AtomicI64::new(0)),
             current: None,
-            step: "initializing",
+            step: v1::Step::Initializing,
             progress: 0,
             tasks_completed: 0,
             tiers: Vec::new(),
@@ -171,7 +171,7 @@ impl Session {
             worker: Some(self.env.me()),
             lease_id,
             task_id: task_id.clone(),
-            step: self.step.to_string(),
+            step: self.step as i32,
             progress_pct: self.progress,
             timestamp_ms: now_ms(),
             last_output_ms: self.last_output.load(Ordering::Relaxed),
@@ -179,7 +179,7 @@ impl Session {
         let _ = self.hb_tx.try_send(hb);
     }
 
-    fn set_step(&mut self, step: &'static str, progress: u32) {
+    fn set_step(&mut self, step: v1::Step, progress: u32) {
         self.step = step;
         self.progress = progress;
         self.beat();
@@ -189,7 +189,7 @@ impl Session {
     pub async fn run(&mut self) -> u8 {
         loop {
             self.current = None;
-            self.set_step("idle", 0);
+            self.set_step(v1::Step::Idle, 0);
             let lease = match self.lease().await {
                 Ok(l) => l,
                 Err(s) => {

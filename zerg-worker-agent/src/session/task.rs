@@ -63,7 +63,7 @@ impl Session {
     pub(super) async fn fail(
         &mut self,
         task: &v1::Task,
-        kind: &str,
+        kind: v1::FailKind,
         message: String,
         retry_at_ms: i64,
         checkpoint: String,
@@ -73,7 +73,7 @@ impl Session {
             worker: Some(self.env.me()),
             lease_id: task.lease_id.clone(),
             task_id: task.id.clone(),
-            kind: kind.to_string(),
+            kind: kind as i32,
             message,
             tiers,
             retry_at_ms,
@@ -104,12 +104,12 @@ impl Session {
             "zerg-worker-agent: task {} (attempt {}, lease {})",
             task.id, task.attempt, task.lease_id
         );
-        self.set_step("loading_context", 5);
+        self.set_step(v1::Step::LoadingContext, 5);
         if let Err(e) = self.prepare_worktree(&task).await {
             return self
                 .fail(
                     &task,
-                    "agent_failed",
+                    v1::FailKind::AgentFailed,
                     format!("cannot prepare the worktree: {e}"),
                     0,
                     String::new(),
@@ -119,7 +119,7 @@ impl Session {
         let prompt = prompt::build(&task, &self.cfg.spec_context);
 
         // The agent CLI.
-        self.set_step("implementing", 10);
+        self.set_step(v1::Step::Implementing, 10);
         let mut argv = self.cfg.agent_command.clone();
         argv.push(prompt);
         let task_dir = self.task_dir();
@@ -155,7 +155,7 @@ impl Session {
                     argv[0]
                 );
                 eprintln!("zerg-worker-agent: {msg}");
-                self.fail(&task, "agent_missing", msg, 0, String::new())
+                self.fail(&task, v1::FailKind::AgentMissing, msg, 0, String::new())
                     .await;
                 return TaskEnd::Exit(exit::BLOCKED);
             }
@@ -163,7 +163,7 @@ impl Session {
                 return self
                     .fail(
                         &task,
-                        "agent_failed",
+                        v1::FailKind::AgentFailed,
                         format!("cannot run the agent: {e}"),
                         0,
                         String::new(),
@@ -192,7 +192,7 @@ impl Session {
             return self
                 .fail(
                     &task,
-                    "rate_limited",
+                    v1::FailKind::RateLimited,
                     format!("agent reported a usage limit: {}", last_line(&outcome.tail)),
                     reset,
                     String::new(),
@@ -203,7 +203,7 @@ impl Session {
             return self
                 .fail(
                     &task,
-                    "agent_timeout",
+                    v1::FailKind::AgentTimeout,
                     format!(
                         "agent ran longer than {}s (agent.timeout_seconds)",
                         self.cfg.agent_timeout_seconds
@@ -221,7 +221,7 @@ impl Session {
             return self
                 .fail(
                     &task,
-                    "agent_failed",
+                    v1::FailKind::AgentFailed,
                     format!("agent exited {code}: {}", last_line(&outcome.tail)),
                     0,
                     String::new(),
@@ -243,9 +243,9 @@ impl Session {
                 continue;
             };
             let step = match t.tier {
-                1 => "verifying_tier1",
-                2 => "verifying_tier2",
-                _ => "verifying_tier3",
+                1 => v1::Step::VerifyingTier1,
+                2 => v1::Step::VerifyingTier2,
+                _ => v1::Step::VerifyingTier3,
             };
             self.set_step(step, 70 + 10 * i as u32);
             let spec = Spec {
@@ -283,7 +283,7 @@ impl Session {
                 return self
                     .fail(
                         &task,
-                        "verification_failed",
+                        v1::FailKind::VerificationFailed,
                         format!(
                             "tier {} ({}) `{cmd}` failed ({why}): {}",
                             t.tier,
@@ -298,10 +298,14 @@ impl Session {
         }
 
         // Commit.
-        self.set_step("committing", 95);
+        self.set_step(v1::Step::Committing, 95);
         let commit = match self.commit(&task).await {
             Ok(c) => c,
-            Err(e) => return self.fail(&task, "commit_failed", e, 0, String::new()).await,
+            Err(e) => {
+                return self
+                    .fail(&task, v1::FailKind::CommitFailed, e, 0, String::new())
+                    .await;
+            }
         };
         let out_of_scope = self.out_of_scope(&task, &commit).await;
         let req = v1::CompleteRequest {

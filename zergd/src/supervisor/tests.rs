@@ -304,7 +304,11 @@ impl H {
             worker: Some(self.wref(w)),
             lease_id: t.lease_id.clone(),
             task_id: t.id.clone(),
-            kind: kind.into(),
+            // Test names: the domain's (`agent_failed`); an unknown one stays unspecified.
+            kind: kind
+                .parse::<crate::domain::FailKind>()
+                .map(|k| crate::wire::fail_kind_to_wire(k) as i32)
+                .unwrap_or(0),
             message: format!("{kind} on {}", t.id),
             ..Default::default()
         }
@@ -342,7 +346,10 @@ impl H {
             worker: Some(worker),
             lease_id: t.map(|t| t.lease_id.clone()).unwrap_or_default(),
             task_id: t.map(|t| t.id.clone()).unwrap_or_default(),
-            step: step.into(),
+            step: step
+                .parse::<crate::domain::Step>()
+                .map(|k| crate::wire::step_to_wire(k) as i32)
+                .unwrap_or(0),
             progress_pct: 50,
             timestamp_ms: self.wall_ms(),
             last_output_ms,

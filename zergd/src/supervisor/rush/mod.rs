@@ -117,7 +117,7 @@ pub struct TaskRt {
     /// Last agent output time the holder reported (Unix ms).
     pub last_output_ms: i64,
     /// Last step the holder reported.
-    pub last_step: String,
+    pub last_step: Option<Step>,
     /// When a waiting_retry task becomes pending.
     pub retry_due: Option<Instant>,
 }

@@ -82,7 +82,7 @@ impl Rush {
                 TaskRt {
                     last_progress: now,
                     last_output_ms: 0,
-                    last_step: String::new(),
+                    last_step: None,
                     retry_due: Some(now + delay),
                 },
             );

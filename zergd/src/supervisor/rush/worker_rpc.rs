@@ -294,7 +294,7 @@ impl Rush {
             TaskRt {
                 last_progress: now,
                 last_output_ms: 0,
-                last_step: String::new(),
+                last_step: None,
                 retry_due: None,
             },
         );
@@ -386,10 +386,9 @@ impl Rush {
         if !req.lease_id.is_empty() {
             self.check_lease(&r, &req.task_id, &req.lease_id)?;
         }
-        let step: Step = req
-            .step
-            .parse()
-            .map_err(|e| SupervisorError::invalid_argument(format!("step: {e}")))?;
+        let step = crate::wire::step_from_wire(req.step).ok_or_else(|| {
+            SupervisorError::invalid_argument(format!("step: {} is not a known step", req.step))
+        })?;
         let w = r.worker_id;
         self.touch(w, now, wall);
         let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
@@ -421,11 +420,11 @@ impl Rush {
             // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
             // that a hung `claude -p` is making progress.
             let mut started = false;
-            if req.last_output_ms > trt.last_output_ms || req.step != trt.last_step {
+            if req.last_output_ms > trt.last_output_ms || Some(step) != trt.last_step {
                 trt.last_progress = now;
                 trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
-                started = req.step == "implementing" && trt.last_step != "implementing";
-                trt.last_step = req.step;
+                started = step == Step::Implementing && trt.last_step != Some(Step::Implementing);
+                trt.last_step = Some(step);
             }
             if started {
                 let t = req.task_id.clone();
@@ -628,7 +627,7 @@ impl Rush {
             ws.step = Some(Step::Idle);
         }
         // An unknown kind is an ordinary failed attempt.
-        let kind: Option<FailKind> = req.kind.parse().ok();
+        let kind: Option<FailKind> = crate::wire::fail_kind_from_wire(req.kind);
         match kind {
             Some(FailKind::RateLimited) => {
                 let until = if req.retry_at_ms > unix_millis(wall) {
