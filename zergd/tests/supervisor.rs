@@ -476,3 +476,120 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
         err.message()
     );
 }
+
+/// Every worker call with hostile values: each is answered (accepted or refused), none crashes
+/// the supervisor, and the rush still runs afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_worker_calls_never_crash_the_supervisor() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let w1 = spawns.recv().await.unwrap();
+    let t0 = task(lease(&h, &w0).await);
+    let huge = "x".repeat(1 << 20);
+    let weird = [
+        "",
+        "é",
+        "\u{0}",
+        "../../etc/passwd",
+        huge.as_str(),
+        "#",
+        "F-L1-001#999",
+    ];
+    let refs = [
+        me(&w0),
+        None,
+        Some(v1::WorkerRef {
+            rush_id: w0.rush_id.clone(),
+            worker_id: u32::MAX,
+            generation: u64::MAX,
+        }),
+        Some(v1::WorkerRef {
+            rush_id: huge.clone(),
+            worker_id: 0,
+            generation: 0,
+        }),
+    ];
+    for wref in &refs {
+        for s in weird {
+            let a = auth(&w0);
+            let hb = v1::HeartbeatRequest {
+                worker: wref.clone(),
+                lease_id: s.into(),
+                task_id: s.into(),
+                step: i32::MAX,
+                progress_pct: u32::MAX,
+                timestamp_ms: i64::MIN,
+                last_output_ms: i64::MAX,
+            };
+            let _ = h
+                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Heartbeat(hb, tx)))
+                .await;
+            let c = v1::CompleteRequest {
+                worker: wref.clone(),
+                lease_id: s.into(),
+                task_id: s.into(),
+                commit: s.into(),
+                out_of_scope: vec![s.into(); 3],
+                duration_ms: u64::MAX,
+                cost_usd: f64::NAN,
+                ..Default::default()
+            };
+            let _ = h
+                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Complete(c, tx)))
+                .await;
+            let f = v1::FailRequest {
+                worker: wref.clone(),
+                lease_id: s.into(),
+                task_id: s.into(),
+                kind: -7,
+                message: s.into(),
+                retry_at_ms: i64::MAX,
+                checkpoint_commit: s.into(),
+                cost_usd: f64::INFINITY,
+                ..Default::default()
+            };
+            let _ = h
+                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Fail(f, tx)))
+                .await;
+            let e = v1::EscalateRequest {
+                worker: wref.clone(),
+                lease_id: s.into(),
+                task_id: s.into(),
+                category: s.into(),
+                message: s.into(),
+                context_json: s.into(),
+            };
+            let _ = h
+                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Escalate(e, tx)))
+                .await;
+            let reg = v1::RegisterRequest {
+                worker: wref.clone(),
+                pid: i32::MIN,
+                held_lease_id: s.into(),
+                held_task_id: s.into(),
+            };
+            let _ = h
+                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Register(reg, tx)))
+                .await;
+        }
+    }
+    // The real lease with hostile report values: refused or accepted, never a crash.
+    let hb = v1::HeartbeatRequest {
+        worker: me(&w0),
+        lease_id: t0.lease_id.clone(),
+        task_id: t0.id.clone(),
+        step: 3,
+        progress_pct: u32::MAX,
+        ..Default::default()
+    };
+    h.ask(|tx| Event::Worker(auth(&w0), WorkerCmd::Heartbeat(hb, tx)))
+        .await
+        .unwrap();
+    // zergd still answers and the rush still runs: the other worker gets the other task.
+    let st = status(&h, &r).await;
+    assert_eq!(st.state, "running", "{st:?}");
+    let t1 = task(lease(&h, &w1).await);
+    assert_ne!(t1.id, t0.id);
+}
