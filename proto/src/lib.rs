@@ -31,3 +31,65 @@ pub mod v1 {
 
 /// Environment variable that overrides the control socket path for every binary.
 pub const ENV_SOCKET: &str = "ZERG_SOCKET";
+
+/// The short lowercase names of the wire's enums, as zergctl prints them and the state file
+/// writes them: `TaskState::InProgress` is `in_progress`, `WorkerState::GaveUp` is `gave_up`.
+pub trait WireName: Sized {
+    /// The name, without the enum's prefix; empty for an unspecified value.
+    fn name(&self) -> String;
+    /// The value with this name.
+    fn from_name(name: &str) -> Option<Self>;
+}
+
+macro_rules! wire_names {
+    ($($t:ty => $prefix:literal),+ $(,)?) => {
+        $(
+            impl WireName for $t {
+                fn name(&self) -> String {
+                    let full = self.as_str_name();
+                    match full.strip_prefix($prefix) {
+                        Some("UNSPECIFIED") | None => String::new(),
+                        Some(n) => n.to_ascii_lowercase(),
+                    }
+                }
+
+                fn from_name(name: &str) -> Option<Self> {
+                    if name.is_empty() || name.eq_ignore_ascii_case("unspecified") {
+                        return None;
+                    }
+                    Self::from_str_name(&format!("{}{}", $prefix, name.to_ascii_uppercase()))
+                }
+            }
+        )+
+    };
+}
+
+wire_names! {
+    v1::LaunchMode => "LAUNCH_MODE_",
+    v1::RushState => "RUSH_STATE_",
+    v1::TaskState => "TASK_STATE_",
+    v1::WorkerState => "WORKER_STATE_",
+    v1::LevelState => "LEVEL_STATE_",
+    v1::MergeState => "MERGE_STATE_",
+    v1::Step => "STEP_",
+    v1::FailKind => "FAIL_KIND_",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_names_are_the_short_lowercase_ones() {
+        assert_eq!(v1::TaskState::InProgress.name(), "in_progress");
+        assert_eq!(v1::WorkerState::GaveUp.name(), "gave_up");
+        assert_eq!(v1::Step::VerifyingTier2.name(), "verifying_tier2");
+        assert_eq!(v1::RushState::Unspecified.name(), "");
+        assert_eq!(
+            v1::LaunchMode::from_name("container"),
+            Some(v1::LaunchMode::Container)
+        );
+        assert_eq!(v1::LaunchMode::from_name("vm"), None);
+        assert_eq!(v1::RushState::from_name("unspecified"), None);
+    }
+}

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use zerg_proto::WireName;
 use zerg_proto::v1;
 
 /// `zergctl status --json`.
@@ -193,10 +194,10 @@ impl From<&v1::RushStatus> for Status {
             rush_id: s.rush_id.clone(),
             repo: s.repo.clone(),
             feature: s.feature.clone(),
-            state: s.state.clone(),
+            state: s.state().name(),
             current_level: s.current_level,
             total_levels: s.total_levels,
-            mode: s.mode.clone(),
+            mode: s.mode().name(),
             tasks: s
                 .tasks
                 .iter()
@@ -236,7 +237,7 @@ impl From<&v1::RushStatus> for Status {
 impl From<&v1::TaskStatus> for Task {
     fn from(t: &v1::TaskStatus) -> Self {
         Task {
-            status: t.status.clone(),
+            status: t.status().name(),
             level: t.level,
             worker_id: t.worker_id,
             attempts: t.attempts,
@@ -255,10 +256,10 @@ impl From<&v1::TaskStatus> for Task {
 impl From<&v1::WorkerStatus> for Worker {
     fn from(w: &v1::WorkerStatus) -> Self {
         Worker {
-            status: w.status.clone(),
+            status: w.status().name(),
             current_task: w.current_task.clone(),
             last_heartbeat: w.last_heartbeat.clone(),
-            step: w.step.clone(),
+            step: w.step().name(),
             progress_pct: w.progress_pct,
             pid: w.pid,
             container_id: w.container_id.clone(),
@@ -275,8 +276,8 @@ impl From<&v1::WorkerStatus> for Worker {
 impl From<&v1::LevelStatus> for Level {
     fn from(l: &v1::LevelStatus) -> Self {
         Level {
-            status: l.status.clone(),
-            merge_status: l.merge_status.clone(),
+            status: l.status().name(),
+            merge_status: l.merge_status().name(),
             merge_commit: l.merge_commit.clone(),
             conflicts: l.conflicts.clone(),
             tasks: l.tasks,
@@ -305,7 +306,7 @@ impl From<&v1::RushSummary> for Summary {
             rush_id: r.rush_id.clone(),
             repo: r.repo.clone(),
             feature: r.feature.clone(),
-            state: r.state.clone(),
+            state: r.state().name(),
             tasks_total: r.tasks_total,
             tasks_complete: r.tasks_complete,
             started_at: r.started_at.clone(),

@@ -5,12 +5,14 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 use zerg_proto::v1;
 
+use crate::json::{self, Status};
+
 /// `status --json`, from the CLI's own JSON types ([`crate::json`]).
 pub fn status_json(st: &v1::RushStatus) -> String {
-    serde_json::to_string_pretty(&crate::json::Status::from(st)).unwrap_or_else(|_| "{}".into())
+    serde_json::to_string_pretty(&Status::from(st)).unwrap_or_else(|_| "{}".into())
 }
 
-fn done_count(st: &v1::RushStatus) -> usize {
+fn done_count(st: &Status) -> usize {
     st.tasks.values().filter(|t| t.status == "complete").count()
 }
 
@@ -20,7 +22,9 @@ fn bar(done: usize, total: usize, width: usize) -> String {
 }
 
 /// `status` as text.
+/// Status for people.
 pub fn status_text(st: &v1::RushStatus) -> String {
+    let st = &Status::from(st);
     let mut o = String::new();
     let total = st.tasks.len();
     let done = done_count(st);
@@ -53,7 +57,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
         ));
     }
     o.push_str("\nLevels:\n");
-    let mut levels: Vec<(&String, &v1::LevelStatus)> = st.levels.iter().collect();
+    let mut levels: Vec<(&String, &json::Level)> = st.levels.iter().collect();
     levels.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
     for (n, l) in levels {
         o.push_str(&format!(
@@ -66,7 +70,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
         o.push('\n');
     }
     o.push_str("\nWorkers:\n");
-    let mut workers: Vec<(&String, &v1::WorkerStatus)> = st.workers.iter().collect();
+    let mut workers: Vec<(&String, &json::Worker)> = st.workers.iter().collect();
     workers.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
     for (id, w) in workers {
         let task = if w.current_task.is_empty() {
@@ -97,7 +101,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
         }
         o.push('\n');
     }
-    let mut not_done: Vec<(&String, &v1::TaskStatus)> = st
+    let mut not_done: Vec<(&String, &json::Task)> = st
         .tasks
         .iter()
         .filter(|(_, t)| t.status != "complete" && t.status != "pending")
@@ -125,7 +129,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
             r.spawn_retries, r.stale_detections, r.task_reassignments, r.worker_respawns, r.reconcile_fixes
         ));
     }
-    let open: Vec<&v1::Escalation> = st.escalations.iter().filter(|e| !e.resolved).collect();
+    let open: Vec<&json::Escalation> = st.escalations.iter().filter(|e| !e.resolved).collect();
     if !open.is_empty() {
         o.push_str("\nEscalations (need a human):\n");
         for e in open {
@@ -143,6 +147,7 @@ pub fn status_text(st: &v1::RushStatus) -> String {
 
 /// The end-of-rush summary.
 pub fn summary(st: &v1::RushStatus) -> String {
+    let st = &Status::from(st);
     let total = st.tasks.len();
     let done = done_count(st);
     let mut o = match st.state.as_str() {
@@ -210,6 +215,7 @@ impl Progress {
 
     /// Shows a new status.
     pub fn update(&mut self, st: &v1::RushStatus) {
+        let st = &Status::from(st);
         if let Some(b) = &self.bar {
             let running = st
                 .workers

@@ -1,9 +1,26 @@
 //! Conversions between the supervisor's domain types ([`crate::domain`]) and the wire's
 //! (`zerg_proto::v1`), in one place.
 
+use zerg_proto::WireName;
 use zerg_proto::v1;
 
-use crate::domain::{FailKind, Step};
+use crate::domain::{FailKind, Mode, Step};
+
+/// The wire value of a domain state (the two share their names), as the `i32` prost stores.
+pub fn state<E: WireName + Into<i32>>(v: impl std::fmt::Display) -> i32 {
+    E::from_name(&v.to_string()).map(Into::into).unwrap_or(0)
+}
+
+/// The launch mode a request asks for; `Ok(None)` when it names none, `Err` for an unknown
+/// value.
+pub fn mode_from_wire(raw: i32) -> Result<Option<Mode>, i32> {
+    match v1::LaunchMode::try_from(raw) {
+        Ok(v1::LaunchMode::Unspecified) => Ok(None),
+        Ok(v1::LaunchMode::Subprocess) => Ok(Some(Mode::Subprocess)),
+        Ok(v1::LaunchMode::Container) => Ok(Some(Mode::Container)),
+        Err(_) => Err(raw),
+    }
+}
 
 /// The domain step of a wire step; `None` for an unspecified or unknown value.
 pub fn step_from_wire(raw: i32) -> Option<Step> {

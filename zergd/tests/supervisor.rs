@@ -252,7 +252,7 @@ async fn start(
         repo: r.to_string_lossy().into(),
         feature: "f".into(),
         workers: 2,
-        mode: "subprocess".into(),
+        mode: v1::LaunchMode::Subprocess as i32,
     };
     let reply = h
         .ask(|tx| Event::Control(ControlCmd::Rush(req, tx)))
@@ -296,13 +296,13 @@ async fn a_rush_runs_level_by_level_and_merges_into_staging() {
     // The last merge runs in the background; wait for the rush to end.
     let mut st = status(&h, &r).await;
     for _ in 0..1500 {
-        if st.state != "running" {
+        if st.state() != v1::RushState::Running {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         st = status(&h, &r).await;
     }
-    assert_eq!(st.state, "complete");
+    assert_eq!(st.state(), v1::RushState::Complete);
     let ids = git(
         &r,
         &[
@@ -378,7 +378,7 @@ async fn spawn_failures_are_retried_while_status_keeps_answering() {
     let (h, mut spawns, r) = start(dir.path(), &fake).await;
     // While the retries are pending the loop answers status.
     let st = status(&h, &r).await;
-    assert_eq!(st.state, "running");
+    assert_eq!(st.state(), v1::RushState::Running);
     let a = tokio::time::timeout(Duration::from_secs(10), spawns.recv())
         .await
         .unwrap()
@@ -450,7 +450,7 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("spec"), "{}", err.message());
     let st = status(&h, &r).await;
-    assert_ne!(st.tasks[&t0.id].status, "complete");
+    assert_ne!(st.tasks[&t0.id].status(), v1::TaskState::Complete);
     assert!(
         st.tasks[&t0.id].error.contains("commit refused"),
         "{:?}",
@@ -589,7 +589,7 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
         .unwrap();
     // zergd still answers and the rush still runs: the other worker gets the other task.
     let st = status(&h, &r).await;
-    assert_eq!(st.state, "running", "{st:?}");
+    assert_eq!(st.state(), v1::RushState::Running, "{st:?}");
     let t1 = task(lease(&h, &w1).await);
     assert_ne!(t1.id, t0.id);
 }

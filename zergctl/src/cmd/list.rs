@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use crate::{CliError, code, connect, from_status};
+use zerg_proto::WireName;
 use zerg_proto::v1;
 
 /// Runs `zergctl list`.
@@ -30,7 +31,12 @@ pub async fn run(socket: &Path, json: bool) -> Result<u8, CliError> {
         for r in &l.rushes {
             println!(
                 "{:<24} {:<9} {:>4}/{:<4} {}  {}",
-                r.feature, r.state, r.tasks_complete, r.tasks_total, r.started_at, r.repo
+                r.feature,
+                r.state().name(),
+                r.tasks_complete,
+                r.tasks_total,
+                r.started_at,
+                r.repo
             );
         }
     }

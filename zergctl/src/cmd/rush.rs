@@ -5,6 +5,7 @@ use zerg_proto::v1;
 use zerg_proto::v1::control_client::ControlClient;
 
 use crate::{CliError, code, from_status, render};
+use zerg_proto::WireName;
 
 /// Starts a rush and (unless detached) follows it.
 pub async fn rush(
@@ -20,7 +21,7 @@ pub async fn rush(
             repo: repo.to_string(),
             feature: feature.to_string(),
             workers,
-            mode: mode.to_string(),
+            mode: mode_arg(mode)? as i32,
         })
         .await
         .map_err(from_status)?
@@ -33,7 +34,7 @@ pub async fn rush(
         if r.resumed { "Resumed" } else { "Started" },
         r.rush_id,
         if r.workers > 0 { r.workers } else { workers },
-        r.mode
+        r.mode().name()
     );
     if detach {
         println!(
@@ -86,11 +87,11 @@ pub(crate) async fn follow(
         view.message(&ev.message);
         let Some(st) = ev.status else { continue };
         view.update(&st);
-        match st.state.as_str() {
+        match st.state().name().as_str() {
             "complete" | "failed" | "stopped" => {
                 view.finish();
                 print!("{}", render::summary(&st));
-                let ok = st.state == "complete";
+                let ok = st.state() == v1::RushState::Complete;
                 return Ok(if ok || !exit_by_outcome {
                     code::OK
                 } else {
@@ -105,4 +106,17 @@ pub(crate) async fn follow(
             _ => {}
         }
     }
+}
+
+/// The `--mode` flag as the wire has it; an empty one lets zergd choose.
+fn mode_arg(mode: &str) -> Result<v1::LaunchMode, CliError> {
+    if mode.is_empty() {
+        return Ok(v1::LaunchMode::Unspecified);
+    }
+    v1::LaunchMode::from_name(mode).ok_or_else(|| {
+        CliError::new(
+            code::USAGE,
+            format!("--mode: '{mode}' is not subprocess or container"),
+        )
+    })
 }

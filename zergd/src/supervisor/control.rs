@@ -106,21 +106,17 @@ impl Supervisor {
             }
         };
         let repo_s = repo.to_string_lossy().to_string();
-        let mode_given = !req.mode.is_empty();
-        let mode = if mode_given {
-            match req.mode.parse::<Mode>() {
-                Ok(m) => m,
-                Err(_) => {
-                    let _ = reply.send(Err(SupervisorError::invalid_argument(format!(
-                        "mode: '{}' is not subprocess or container",
-                        req.mode.chars().take(64).collect::<String>()
-                    ))));
-                    return;
-                }
+        let asked = match crate::wire::mode_from_wire(req.mode) {
+            Ok(m) => m,
+            Err(raw) => {
+                let _ = reply.send(Err(SupervisorError::invalid_argument(format!(
+                    "mode: {raw} is not subprocess or container"
+                ))));
+                return;
             }
-        } else {
-            Mode::Subprocess
         };
+        let mode_given = asked.is_some();
+        let mode = asked.unwrap_or(Mode::Subprocess);
         if req.workers == 0 || req.workers > 64 {
             let _ = reply.send(Err(SupervisorError::invalid_argument(
                 "workers: must be between 1 and 64",
@@ -163,7 +159,7 @@ impl Supervisor {
                             r.doc.rush.mode = mode;
                         }
                         let res = r.retry(&[], false, now, wall, fx);
-                        let mode = r.doc.rush.mode.to_string();
+                        let mode = crate::wire::state::<v1::LaunchMode>(r.doc.rush.mode);
                         let workers = r.doc.rush.workers;
                         fx.reply(
                             reply,
@@ -237,7 +233,7 @@ impl Supervisor {
                 rush_id: id.clone(),
                 warnings,
                 resumed: false,
-                mode: mode.to_string(),
+                mode: crate::wire::state::<v1::LaunchMode>(mode),
                 workers: req.workers,
             }),
         );

@@ -4,6 +4,7 @@ use zerg_proto::v1;
 
 use super::rush::{Rush, staging_branch};
 use crate::domain::{RushState, TaskStatus};
+use crate::wire;
 
 impl Rush {
     /// The full status of the rush.
@@ -16,7 +17,7 @@ impl Rush {
                 (
                     id.clone(),
                     v1::TaskStatus {
-                        status: t.status.to_string(),
+                        status: wire::state::<v1::TaskState>(t.status),
                         level: t.level.unwrap_or(0),
                         worker_id: t.worker_id,
                         attempts: t.retry_count
@@ -43,10 +44,10 @@ impl Rush {
                 (
                     id.clone(),
                     v1::WorkerStatus {
-                        status: w.status.to_string(),
+                        status: wire::state::<v1::WorkerState>(w.status),
                         current_task: w.current_task.clone().unwrap_or_default(),
                         last_heartbeat: w.health_check_at.clone().unwrap_or_default(),
-                        step: w.step.map(|s| s.to_string()).unwrap_or_default(),
+                        step: w.step.map(|s| wire::step_to_wire(s) as i32).unwrap_or(0),
                         progress_pct: w.progress_pct,
                         pid: w.pid,
                         container_id: w.container_id.clone().unwrap_or_default(),
@@ -68,8 +69,8 @@ impl Rush {
                 (
                     l.to_string(),
                     v1::LevelStatus {
-                        status: ls.status.to_string(),
-                        merge_status: ls.merge_status.to_string(),
+                        status: wire::state::<v1::LevelState>(ls.status),
+                        merge_status: wire::state::<v1::MergeState>(ls.merge_status),
                         merge_commit: ls.merge_commit.unwrap_or_default(),
                         conflicts: ls.conflicts,
                         tasks: ts.len() as u32,
@@ -115,10 +116,10 @@ impl Rush {
             rush_id: d.rush.rush_id.clone(),
             repo: d.rush.repo.clone(),
             feature: d.feature.clone(),
-            state: d.rush.state.to_string(),
+            state: wire::state::<v1::RushState>(d.rush.state),
             current_level: d.current_level,
             total_levels: self.graph.max_level(),
-            mode: d.rush.mode.to_string(),
+            mode: wire::state::<v1::LaunchMode>(d.rush.mode),
             tasks,
             workers,
             levels,
@@ -148,7 +149,7 @@ impl Rush {
             rush_id: self.doc.rush.rush_id.clone(),
             repo: self.doc.rush.repo.clone(),
             feature: self.doc.feature.clone(),
-            state: self.doc.rush.state.to_string(),
+            state: wire::state::<v1::RushState>(self.doc.rush.state),
             tasks_total: self.doc.tasks.len() as u32,
             tasks_complete: self
                 .doc
