@@ -458,23 +458,12 @@ pub fn parse_memory(s: &str) -> Result<i64, String> {
     Ok((n * mult as f64) as i64)
 }
 
-/// Keys of the original ZERG's sections that this engine accepts and does not use: no warning.
-const COMPAT_KEYS: &[&str] = &[
-    "workers.max_concurrent",
-    "workers.timeout_minutes",
-    "workers.launcher_type",
-    "workers.context_threshold_percent",
-    "workers.task_list_id",
-    "resources.cpu_cores",
-    "resources.memory_gb",
-    "resources.disk_gb",
-];
-
 /// Whether an ignored key (as `serde_ignored` names it, e.g. `workers.retry_atempts`) deserves a
-/// warning: everything but the original's sections and keys this engine accepts silently.
+/// warning: everything outside the original's sections that this engine ignores. (The keys of
+/// the original that zerg accepts inside its own sections are fields of the config types.)
 fn warn_unknown(path: &str) -> bool {
     let section = path.split('.').next().unwrap_or(path);
-    !IGNORED_SECTIONS.contains(&section) && !COMPAT_KEYS.contains(&path)
+    !IGNORED_SECTIONS.contains(&section)
 }
 
 /// Converts config seconds to a [`Duration`].
