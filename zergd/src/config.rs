@@ -53,35 +53,46 @@ pub struct WorkersConfig {
     /// Task retry backoff curve.
     pub backoff_strategy: BackoffStrategy,
     /// Task retry backoff base, seconds.
-    pub backoff_base_seconds: f64,
+    #[serde(with = "seconds")]
+    pub backoff_base_seconds: Duration,
     /// Task retry backoff cap, seconds.
-    pub backoff_max_seconds: f64,
+    #[serde(with = "seconds")]
+    pub backoff_max_seconds: Duration,
     /// Retries of a worker spawn that failed.
     pub spawn_retry_attempts: u32,
     /// Spawn backoff curve.
     pub spawn_backoff_strategy: BackoffStrategy,
     /// Spawn backoff base, seconds.
-    pub spawn_backoff_base_seconds: f64,
+    #[serde(with = "seconds")]
+    pub spawn_backoff_base_seconds: Duration,
     /// Spawn backoff cap, seconds.
-    pub spawn_backoff_max_seconds: f64,
+    #[serde(with = "seconds")]
+    pub spawn_backoff_max_seconds: Duration,
     /// A task with no progress for this long is failed with reason `timeout`.
-    pub task_stale_timeout_seconds: f64,
+    #[serde(with = "seconds")]
+    pub task_stale_timeout_seconds: Duration,
     /// How often agents send a heartbeat.
-    pub heartbeat_interval_seconds: f64,
+    #[serde(with = "seconds")]
+    pub heartbeat_interval_seconds: Duration,
     /// A worker with no heartbeat for this long is stale.
-    pub heartbeat_stale_threshold: f64,
+    #[serde(with = "seconds")]
+    pub heartbeat_stale_threshold: Duration,
     /// Replace workers that exit while work remains.
     pub auto_respawn: bool,
     /// Respawns allowed per worker slot within `respawn_window_seconds`.
     pub max_respawn_attempts: u32,
     /// Window for counting respawns.
-    pub respawn_window_seconds: f64,
+    #[serde(with = "seconds")]
+    pub respawn_window_seconds: Duration,
     /// A spawned worker must register within this long.
-    pub spawn_ready_timeout_seconds: f64,
+    #[serde(with = "seconds")]
+    pub spawn_ready_timeout_seconds: Duration,
     /// Grace between SIGTERM and SIGKILL when stopping a worker.
-    pub stop_grace_seconds: f64,
+    #[serde(with = "seconds")]
+    pub stop_grace_seconds: Duration,
     /// Interval of the light reconciliation check.
-    pub reconcile_interval_seconds: f64,
+    #[serde(with = "seconds")]
+    pub reconcile_interval_seconds: Duration,
     /// Accepted for compatibility; the rush's `--workers` decides.
     pub max_concurrent: Option<u32>,
     /// Accepted for compatibility; unused.
@@ -99,21 +110,21 @@ impl Default for WorkersConfig {
         Self {
             retry_attempts: 3,
             backoff_strategy: BackoffStrategy::Exponential,
-            backoff_base_seconds: 30.0,
-            backoff_max_seconds: 300.0,
+            backoff_base_seconds: Duration::from_secs_f64(30.0),
+            backoff_max_seconds: Duration::from_secs_f64(300.0),
             spawn_retry_attempts: 3,
             spawn_backoff_strategy: BackoffStrategy::Exponential,
-            spawn_backoff_base_seconds: 2.0,
-            spawn_backoff_max_seconds: 30.0,
-            task_stale_timeout_seconds: 600.0,
-            heartbeat_interval_seconds: 30.0,
-            heartbeat_stale_threshold: 120.0,
+            spawn_backoff_base_seconds: Duration::from_secs_f64(2.0),
+            spawn_backoff_max_seconds: Duration::from_secs_f64(30.0),
+            task_stale_timeout_seconds: Duration::from_secs_f64(600.0),
+            heartbeat_interval_seconds: Duration::from_secs_f64(30.0),
+            heartbeat_stale_threshold: Duration::from_secs_f64(120.0),
             auto_respawn: true,
             max_respawn_attempts: 5,
-            respawn_window_seconds: 600.0,
-            spawn_ready_timeout_seconds: 60.0,
-            stop_grace_seconds: 10.0,
-            reconcile_interval_seconds: 60.0,
+            respawn_window_seconds: Duration::from_secs_f64(600.0),
+            spawn_ready_timeout_seconds: Duration::from_secs_f64(60.0),
+            stop_grace_seconds: Duration::from_secs_f64(10.0),
+            reconcile_interval_seconds: Duration::from_secs_f64(60.0),
             max_concurrent: None,
             timeout_minutes: None,
             launcher_type: None,
@@ -144,7 +155,8 @@ pub struct AgentConfig {
     /// argv of the agent CLI; the prompt is appended as the last argument.
     pub command: Vec<String>,
     /// Wall-clock limit for one agent run.
-    pub timeout_seconds: f64,
+    #[serde(with = "seconds")]
+    pub timeout_seconds: Duration,
 }
 
 impl Default for AgentConfig {
@@ -155,7 +167,7 @@ impl Default for AgentConfig {
                 "--print".into(),
                 "--dangerously-skip-permissions".into(),
             ],
-            timeout_seconds: 1800.0,
+            timeout_seconds: Duration::from_secs_f64(1800.0),
         }
     }
 }
@@ -177,7 +189,8 @@ pub struct VerificationTiers {
     /// Tier 3 (quality) command.
     pub tier3_command: Option<String>,
     /// Timeout for tiers 1 and 3 (tier 2 uses the task's own timeout when it runs the task's command).
-    pub timeout_seconds: f64,
+    #[serde(with = "seconds")]
+    pub timeout_seconds: Duration,
 }
 
 impl Default for VerificationTiers {
@@ -189,7 +202,7 @@ impl Default for VerificationTiers {
             tier2_command: None,
             tier3_blocking: false,
             tier3_command: None,
-            timeout_seconds: 300.0,
+            timeout_seconds: Duration::from_secs_f64(300.0),
         }
     }
 }
@@ -206,14 +219,15 @@ pub struct QualityGate {
     pub required: bool,
     /// Timeout in seconds.
     #[serde(default = "default_gate_timeout")]
-    pub timeout: f64,
+    #[serde(with = "seconds")]
+    pub timeout: Duration,
     /// Accepted for compatibility; unused.
     #[serde(default)]
     pub coverage_threshold: Option<f64>,
 }
 
-fn default_gate_timeout() -> f64 {
-    300.0
+fn default_gate_timeout() -> Duration {
+    Duration::from_secs_f64(300.0)
 }
 
 /// `container:` section.
@@ -400,19 +414,17 @@ impl Config {
             ),
         ];
         for (key, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
+            if v.is_zero() {
                 return Err(format!(
-                    "{key}: must be a positive number of seconds, got {v}"
+                    "{key}: must be a positive number of seconds, got 0"
                 ));
             }
-        }
-        if !(w.stop_grace_seconds.is_finite() && w.stop_grace_seconds >= 0.0) {
-            return Err("workers.stop_grace_seconds: must be zero or more seconds".into());
         }
         if w.heartbeat_stale_threshold <= w.heartbeat_interval_seconds {
             return Err(format!(
                 "workers.heartbeat_stale_threshold: must be larger than workers.heartbeat_interval_seconds ({} <= {})",
-                w.heartbeat_stale_threshold, w.heartbeat_interval_seconds
+                w.heartbeat_stale_threshold.as_secs_f64(),
+                w.heartbeat_interval_seconds.as_secs_f64()
             ));
         }
         if self.agent.command.is_empty() || self.agent.command[0].trim().is_empty() {
@@ -422,7 +434,7 @@ impl Config {
             if g.command.trim().is_empty() {
                 return Err(format!("quality_gates[{i}].command: must not be empty"));
             }
-            if !(g.timeout.is_finite() && g.timeout > 0.0) {
+            if g.timeout.is_zero() {
                 return Err(format!("quality_gates[{i}].timeout: must be positive"));
             }
         }
@@ -466,9 +478,46 @@ fn warn_unknown(path: &str) -> bool {
     !IGNORED_SECTIONS.contains(&section)
 }
 
-/// Converts config seconds to a [`Duration`].
-pub fn secs(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0))
+/// Config durations: written as seconds (fractions allowed), held as [`Duration`], so they
+/// are parsed and checked once. A negative, infinite or non-numeric value is an error that names
+/// the key.
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        // Checked inside the visitor, so the error carries the key path.
+        struct Secs;
+        impl serde::de::Visitor<'_> for Secs {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of seconds (zero or more)")
+            }
+            fn visit_f64<E: Error>(self, v: f64) -> Result<Duration, E> {
+                if v.is_finite() && v >= 0.0 {
+                    Ok(Duration::from_secs_f64(v))
+                } else {
+                    Err(E::custom(format!(
+                        "{v} is not a number of seconds (zero or more)"
+                    )))
+                }
+            }
+            fn visit_u64<E: Error>(self, v: u64) -> Result<Duration, E> {
+                Ok(Duration::from_secs(v))
+            }
+            fn visit_i64<E: Error>(self, v: i64) -> Result<Duration, E> {
+                u64::try_from(v).map(Duration::from_secs).map_err(|_| {
+                    E::custom(format!("{v} is not a number of seconds (zero or more)"))
+                })
+            }
+        }
+        d.deserialize_f64(Secs)
+    }
 }
 
 #[cfg(test)]
@@ -479,8 +528,11 @@ mod tests {
     fn empty_file_gives_defaults() {
         let (c, w) = Config::parse("", "c.yaml").unwrap();
         assert_eq!(c.workers.retry_attempts, 3);
-        assert_eq!(c.workers.spawn_backoff_base_seconds, 2.0);
-        assert_eq!(c.workers.task_stale_timeout_seconds, 600.0);
+        assert_eq!(c.workers.spawn_backoff_base_seconds, Duration::from_secs(2));
+        assert_eq!(
+            c.workers.task_stale_timeout_seconds,
+            Duration::from_secs(600)
+        );
         assert_eq!(c.agent.command[0], "claude");
         assert!(c.resilience.enabled);
         assert!(w.is_empty());
@@ -529,9 +581,10 @@ mod tests {
     fn small_timeouts_are_accepted() {
         let text = "workers: {heartbeat_interval_seconds: 0.2, heartbeat_stale_threshold: 1, task_stale_timeout_seconds: 1}\n";
         let (c, _) = Config::parse(text, "c.yaml").unwrap();
+        assert_eq!(c.workers.heartbeat_stale_threshold, Duration::from_secs(1));
         assert_eq!(
-            secs(c.workers.heartbeat_stale_threshold),
-            Duration::from_secs(1)
+            c.workers.heartbeat_interval_seconds,
+            Duration::from_millis(200)
         );
     }
 
@@ -548,6 +601,20 @@ mod tests {
         let err =
             Config::parse("resources: {container_memory_limit: lots}\n", "c.yaml").unwrap_err();
         assert!(err.to_string().contains("container_memory_limit"));
+    }
+
+    #[test]
+    fn durations_are_parsed_once_and_bad_ones_name_the_key() {
+        let (c, _) = Config::parse("workers: {stop_grace_seconds: 0.5}\n", "c.yaml").unwrap();
+        assert_eq!(c.workers.stop_grace_seconds, Duration::from_millis(500));
+        for bad in ["-1", ".inf", "soon"] {
+            let text = format!("workers:\n  task_stale_timeout_seconds: {bad}\n");
+            let err = Config::parse(&text, "c.yaml").unwrap_err().to_string();
+            assert!(
+                err.contains("workers.task_stale_timeout_seconds"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

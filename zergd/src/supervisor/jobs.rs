@@ -12,7 +12,7 @@ use zerg_proto::graph::{self, GraphError, TaskGraph};
 
 use super::rush::{MergeJob, MergeResult, RushPaths, staging_branch, worker_branch};
 use crate::clock::iso_millis;
-use crate::config::{Config, QualityGate, secs};
+use crate::config::{Config, QualityGate};
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
 use crate::git::{self, MergeOutcome};
 use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
@@ -414,7 +414,7 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             sanitize(&g.name),
             job.level
         ));
-        let (ok, output) = run_shell(&g.command, staging, secs(g.timeout), Some(&log));
+        let (ok, output) = run_shell(&g.command, staging, g.timeout, Some(&log));
         if !ok && g.required {
             return MergeResult::GateFailed {
                 gate: g.name.clone(),

@@ -69,7 +69,10 @@ impl Supervisor {
     ) {
         let launcher = self.launchers.get(r.doc.rush.mode).await.ok();
         // At least 10 s: agents retry their connection with a backoff capped at 5 s.
-        let grace = crate::config::secs(r.config.workers.heartbeat_stale_threshold)
+        let grace = r
+            .config
+            .workers
+            .heartbeat_stale_threshold
             .max(Duration::from_secs(10));
         let rid = r.id().to_string();
         // Ask the launcher what is there; the state machine decides what it means.

@@ -684,8 +684,8 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
         2,
         config(|w| {
             w.retry_attempts = 2;
-            w.heartbeat_stale_threshold = 10_000.0;
-            w.task_stale_timeout_seconds = 10_000.0;
+            w.heartbeat_stale_threshold = Duration::from_secs(10_000);
+            w.task_stale_timeout_seconds = Duration::from_secs(10_000);
         }),
     );
     h.start();
@@ -1043,7 +1043,7 @@ fn respawns_older_than_the_window_are_forgotten() {
         1,
         config(|w| {
             w.max_respawn_attempts = 2;
-            w.respawn_window_seconds = 60.0;
+            w.respawn_window_seconds = Duration::from_secs(60);
         }),
     );
     h.start();
@@ -1116,7 +1116,7 @@ fn task_without_output_or_step_change_times_out() {
     let mut h = H::new(
         vec![task("A-L1-001", 1, &[])],
         1,
-        config(|w| w.task_stale_timeout_seconds = 3.0),
+        config(|w| w.task_stale_timeout_seconds = Duration::from_secs(3)),
     );
     h.start();
     let t = h.join(0).expect("task");
@@ -1154,7 +1154,7 @@ fn agent_output_keeps_a_long_task_alive() {
     let mut h = H::new(
         vec![task("A-L1-001", 1, &[])],
         1,
-        config(|w| w.task_stale_timeout_seconds = 3.0),
+        config(|w| w.task_stale_timeout_seconds = Duration::from_secs(3)),
     );
     h.start();
     let t = h.join(0).expect("task");
@@ -1183,7 +1183,7 @@ fn silent_worker_goes_stale_and_its_task_moves_to_a_healthy_worker() {
     let mut h = H::new(
         vec![task("A-L1-001", 1, &[]), task("A-L2-001", 2, &["A-L1-001"])],
         3,
-        config(|w| w.task_stale_timeout_seconds = 10_000.0),
+        config(|w| w.task_stale_timeout_seconds = Duration::from_secs(10_000)),
     );
     h.start();
     h.join(0).expect("task");
@@ -1292,8 +1292,8 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
         vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
         2,
         config(|w| {
-            w.heartbeat_stale_threshold = 10_000.0;
-            w.task_stale_timeout_seconds = 10_000.0;
+            w.heartbeat_stale_threshold = Duration::from_secs(10_000);
+            w.task_stale_timeout_seconds = Duration::from_secs(10_000);
         }),
     );
     h.start();

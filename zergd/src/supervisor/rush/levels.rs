@@ -252,7 +252,7 @@ impl Rush {
                 json!({"completed": done, "total": total}),
             );
         }
-        self.stop_all_workers(now, wall, fx, secs(self.config.workers.stop_grace_seconds));
+        self.stop_all_workers(now, wall, fx, self.config.workers.stop_grace_seconds);
     }
 
     /// One-line summary of what failed.
@@ -303,7 +303,7 @@ impl Rush {
             format!("Rush failed: {reason}"),
             json!({"reason": reason}),
         );
-        self.stop_all_workers(now, wall, fx, secs(self.config.workers.stop_grace_seconds));
+        self.stop_all_workers(now, wall, fx, self.config.workers.stop_grace_seconds);
     }
 
     /// Replies Done to parked workers and stops them all: at once for `zergctl stop`, after a
@@ -350,7 +350,7 @@ impl Rush {
         let grace = if force {
             Duration::ZERO
         } else {
-            secs(self.config.workers.stop_grace_seconds)
+            self.config.workers.stop_grace_seconds
         };
         let in_progress: Vec<String> = self
             .doc

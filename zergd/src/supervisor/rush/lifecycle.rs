@@ -52,7 +52,7 @@ impl Rush {
     }
 
     pub(super) fn reconcile_interval(&self) -> Duration {
-        let base = secs(self.config.workers.reconcile_interval_seconds);
+        let base = self.config.workers.reconcile_interval_seconds;
         // Jitter so that several rushes do not reconcile in lockstep.
         base.mul_f64(0.9 + 0.2 * fastrand::f64())
     }
@@ -450,7 +450,8 @@ impl Rush {
             self.check_workers_exhausted(now, wall, fx);
             return;
         }
-        let window_ms = (self.config.workers.respawn_window_seconds * 1000.0) as i64;
+        let window_ms = i64::try_from(self.config.workers.respawn_window_seconds.as_millis())
+            .unwrap_or(i64::MAX);
         let cap = self.config.workers.max_respawn_attempts;
         let now_ms = unix_millis(wall);
         let ws = self
@@ -463,7 +464,7 @@ impl Rush {
             let reason = format!(
                 "respawned {} times within {}s and exited again ({why}); giving up to avoid a crash loop. See .zerg/logs/worker-{w}.log, then `zergctl retry {}`",
                 ws.respawn_times_ms.len(),
-                self.config.workers.respawn_window_seconds,
+                self.config.workers.respawn_window_seconds.as_secs_f64(),
                 self.doc.feature
             );
             self.set_worker_status(w, WorkerStatus::GaveUp, Some(reason.clone()));

@@ -19,7 +19,7 @@ use zerg_proto::v1;
 
 use crate::backoff::Backoff;
 use crate::clock::{from_unix_millis, iso_millis, unix_millis};
-use crate::config::{Config, secs};
+use crate::config::Config;
 use crate::domain::{
     FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
 };
@@ -374,8 +374,8 @@ impl Rush {
         let w = &self.config.workers;
         Backoff {
             strategy: w.spawn_backoff_strategy,
-            base: secs(w.spawn_backoff_base_seconds),
-            max: secs(w.spawn_backoff_max_seconds),
+            base: w.spawn_backoff_base_seconds,
+            max: w.spawn_backoff_max_seconds,
         }
     }
 
@@ -383,8 +383,8 @@ impl Rush {
         let w = &self.config.workers;
         Backoff {
             strategy: w.backoff_strategy,
-            base: secs(w.backoff_base_seconds),
-            max: secs(w.backoff_max_seconds),
+            base: w.backoff_base_seconds,
+            max: w.backoff_max_seconds,
         }
     }
 

@@ -61,8 +61,7 @@ impl Rush {
             self.check_stale(now, wall, fx);
             // Re-check at a fraction of the heartbeat interval.
             due(now
-                + secs(self.config.workers.heartbeat_interval_seconds / 2.0)
-                    .min(Duration::from_secs(1)));
+                + (self.config.workers.heartbeat_interval_seconds / 2).min(Duration::from_secs(1)));
         }
         if self.doc.rush.rate_limited_until_ms > 0 {
             if self.rate_limited(wall) {
@@ -94,9 +93,9 @@ impl Rush {
     /// Heartbeat staleness, task progress watchdog, ready timeouts and reconnect grace.
     pub(super) fn check_stale(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
         let w_cfg = &self.config.workers;
-        let hb_stale = secs(w_cfg.heartbeat_stale_threshold);
-        let task_stale = secs(w_cfg.task_stale_timeout_seconds);
-        let ready_timeout = secs(w_cfg.spawn_ready_timeout_seconds);
+        let hb_stale = w_cfg.heartbeat_stale_threshold;
+        let task_stale = w_cfg.task_stale_timeout_seconds;
+        let ready_timeout = w_cfg.spawn_ready_timeout_seconds;
 
         // Workers that never registered in time: a failed spawn.
         let slow: Vec<u32> = self
@@ -299,7 +298,7 @@ impl Rush {
         {
             rt.stopping |= expected;
             fx.stop
-                .push((w, sp, secs(self.config.workers.stop_grace_seconds)));
+                .push((w, sp, self.config.workers.stop_grace_seconds));
         }
     }
 

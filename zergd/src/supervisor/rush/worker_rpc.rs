@@ -135,7 +135,7 @@ impl Rush {
 
     pub(super) fn register_reply(&self) -> v1::RegisterReply {
         let vt = &self.config.verification_tiers;
-        let t = secs(vt.timeout_seconds).as_secs().max(1);
+        let t = vt.timeout_seconds.as_secs().max(1);
         let tier = |tier, name: &str, command: &Option<String>, blocking| v1::VerificationTier {
             tier,
             name: name.into(),
@@ -145,8 +145,11 @@ impl Rush {
         };
         v1::RegisterReply {
             agent_command: self.config.agent.command.clone(),
-            agent_timeout_seconds: secs(self.config.agent.timeout_seconds).as_secs().max(1),
-            heartbeat_interval_ms: (self.config.workers.heartbeat_interval_seconds * 1000.0) as u64,
+            agent_timeout_seconds: self.config.agent.timeout_seconds.as_secs().max(1),
+            heartbeat_interval_ms: u64::try_from(
+                self.config.workers.heartbeat_interval_seconds.as_millis(),
+            )
+            .unwrap_or(u64::MAX),
             tiers: vec![
                 tier(1, "syntax", &vt.tier1_command, vt.tier1_blocking),
                 tier(2, "correctness", &vt.tier2_command, vt.tier2_blocking),
