@@ -99,6 +99,37 @@ pub const GIT_ENV: &[(&str, &str)] = &[
     ("GIT_MERGE_AUTOEDIT", "no"),
 ];
 
+/// Variables of zergd's own environment that a worker never inherits: they would load code into
+/// every process the worker starts (`LD_PRELOAD`, `DYLD_*`, …) or point the worker's git at
+/// another repository than its worktree (`GIT_DIR`, `GIT_WORK_TREE`, …). A name ending in `*`
+/// is a prefix.
+pub const ENV_DENYLIST: &[&str] = &[
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "DYLD_*",
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_KEY_*",
+    "GIT_CONFIG_VALUE_*",
+];
+
+/// Whether `name` is in [`ENV_DENYLIST`].
+pub fn env_denied(name: &str) -> bool {
+    ENV_DENYLIST.iter().any(|d| match d.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *d,
+    })
+}
+
 /// gRPC metadata key of the worker token on every `Worker` RPC: `authorization: Bearer <hex>`.
 pub const TOKEN_METADATA: &str = "authorization";
 
@@ -189,6 +220,27 @@ mod tests {
             assert_eq!(WorkerExit::from_code(i32::from(e.code())), Some(e));
         }
         assert_eq!(WorkerExit::from_code(137), None);
+    }
+
+    #[test]
+    fn the_denylist_catches_loaders_and_git_redirections() {
+        for bad in [
+            "LD_PRELOAD",
+            "DYLD_INSERT_LIBRARIES",
+            "GIT_DIR",
+            "GIT_CONFIG_KEY_0",
+        ] {
+            assert!(env_denied(bad), "{bad}");
+        }
+        for ok in [
+            "PATH",
+            "HOME",
+            "ANTHROPIC_API_KEY",
+            "GIT_AUTHOR_NAME",
+            "LD_PRELOADX",
+        ] {
+            assert!(!env_denied(ok), "{ok}");
+        }
     }
 
     #[test]

@@ -267,7 +267,13 @@ pub async fn git_with(
     args: &[&str],
     env: &[(String, String)],
 ) -> Result<String, String> {
-    let out = Command::new("git")
+    let mut cmd = Command::new("git");
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = cmd
         .arg("-C")
         .arg(dir)
         .args(args)

@@ -556,3 +556,55 @@ fn a_fresh_rush_never_deletes_unmerged_work_of_an_earlier_one() {
         git(&repo.path, &["log", "--format=%s", "zerg/keep/worker-1"]).contains("unmerged work")
     );
 }
+
+#[test]
+fn a_hostile_environment_neither_redirects_git_nor_leaks_the_api_key() {
+    const KEY: &str = "sk-zerg-e2e-secret-0123456789abcdef";
+    let repo = TestRepo::new();
+    repo.write_graph("envf", &graph_12("envf"));
+    repo.write_config(FAST_WORKERS);
+    // As if zergd were started from a shell inside another repository, with a preload set.
+    let d = Daemon::start_with_env(vec![
+        ("GIT_DIR".into(), "/nonexistent/.git".into()),
+        ("GIT_WORK_TREE".into(), "/nonexistent".into()),
+        ("ANTHROPIC_API_KEY".into(), KEY.into()),
+    ]);
+    let out = d.ctl_in(&repo.path, &["rush", "envf", "--workers", "3"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert_eq!(repo.task_ids_on("zerg/envf/staging"), graph_12_ids());
+    // The key reaches workers through their environment only: no file zerg wrote has it.
+    let mut files = Vec::new();
+    let mut stack = vec![
+        repo.path.join(".zerg"),
+        d.socket.parent().unwrap().to_path_buf(),
+    ];
+    if let Some(root) = d.socket.parent().and_then(|p| p.parent()) {
+        stack.push(root.to_path_buf());
+    }
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                stack.push(e.path());
+            }
+        } else if p.is_file() {
+            files.push(p);
+        }
+    }
+    assert!(files.len() > 10, "{files:?}");
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(KEY),
+            "the API key is in {}",
+            f.display()
+        );
+    }
+    let st = d.ctl_in(&repo.path, &["status", "envf", "--json"]);
+    assert!(!String::from_utf8_lossy(&st.stdout).contains(KEY));
+}

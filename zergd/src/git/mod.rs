@@ -20,7 +20,14 @@ pub struct GitError {
 
 /// Runs git in `dir` and returns trimmed stdout.
 pub fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
-    let out = Command::new("git")
+    let mut cmd = Command::new("git");
+    // A GIT_DIR (or similar) in zergd's own environment must not redirect its git.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = cmd
         .arg("-C")
         .arg(dir)
         .args(args)

@@ -61,6 +61,11 @@ impl Launcher for SubprocessLauncher {
                 .try_clone()
                 .map_err(|e| SpawnError::new(format!("cannot open {}: {e}", log_path.display())))?;
             let mut cmd = Command::new(&spec.agent_bin);
+            for (k, _) in std::env::vars_os() {
+                if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
+                    cmd.env_remove(&k);
+                }
+            }
             cmd.current_dir(&spec.worktree)
                 .envs(worker_env(&spec))
                 .stdin(Stdio::null())
