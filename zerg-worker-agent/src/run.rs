@@ -267,13 +267,9 @@ pub async fn git_with(
     args: &[&str],
     env: &[(String, String)],
 ) -> Result<String, String> {
-    let mut cmd = Command::new("git");
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
-            cmd.env_remove(&k);
-        }
-    }
-    let out = cmd
+    // The agent's environment comes from zergd, which already left out what could redirect
+    // git (and sets GIT_CONFIG_* itself in containers): nothing to scrub here.
+    let out = Command::new("git")
         .arg("-C")
         .arg(dir)
         .args(args)
