@@ -117,6 +117,41 @@ fn docker(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Starts a detached container rush of `feature` with `workers` workers.
+#[track_caller]
+fn start_detached(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
+    let n = workers.to_string();
+    let out = d.ctl_in(
+        &repo.path,
+        &[
+            "rush",
+            feature,
+            "--workers",
+            &n,
+            "--mode",
+            "container",
+            "--detach",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits until `n` workers of the rush are in their agent CLI.
+fn wait_implementing(d: &Daemon, repo: &TestRepo, feature: &str, n: usize) -> Value {
+    d.wait_for(&repo.path, feature, T, "workers in their agent CLI", |s| {
+        s["workers"].as_object().is_some_and(|w| {
+            w.values()
+                .filter(|x| x["status"] == "running" && x["step"] == "implementing")
+                .count()
+                == n
+        })
+    })
+}
+
 /// Containers (running or not) of a rush, by label.
 fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
     let filter = format!("label=zerg.rush={rush_id}");
@@ -217,22 +252,7 @@ fn a_worker_container_runs_hardened_with_the_spec_read_only() {
     repo.write_script("hard", &json!({"default": [{"op": "tick", "count": 80, "interval_ms": 100}, {"op": "write_owned"}]}));
     let ctx = cdaemon();
     let d = &ctx.d;
-    assert!(
-        d.ctl_in(
-            &repo.path,
-            &[
-                "rush",
-                "hard",
-                "--workers",
-                "1",
-                "--mode",
-                "container",
-                "--detach"
-            ]
-        )
-        .status
-        .success()
-    );
+    start_detached(d, &repo, "hard", 1);
     let st = d.wait_for(&repo.path, "hard", T, "a running container", |s| {
         container_running(s, "G-L1-001").is_some()
     });
@@ -305,22 +325,7 @@ fn docker_kill_of_a_worker_container_mid_task_is_reassigned() {
             [{"op": "write_owned"}]
         ]}}}),
     );
-    assert!(
-        d.ctl_in(
-            &repo.path,
-            &[
-                "rush",
-                "dk",
-                "--workers",
-                "3",
-                "--mode",
-                "container",
-                "--detach"
-            ]
-        )
-        .status
-        .success()
-    );
+    start_detached(d, &repo, "dk", 3);
     let st = d.wait_for(&repo.path, "dk", T, "G-L2-001 in a container", |s| {
         container_running(s, "G-L2-001").is_some()
     });
@@ -365,22 +370,7 @@ fn a_missing_image_is_retried_then_refused_with_its_name_while_status_answers() 
     .unwrap();
     let ctx = cdaemon();
     let d = &ctx.d;
-    assert!(
-        d.ctl_in(
-            &repo.path,
-            &[
-                "rush",
-                "mi",
-                "--workers",
-                "2",
-                "--mode",
-                "container",
-                "--detach"
-            ]
-        )
-        .status
-        .success()
-    );
+    start_detached(d, &repo, "mi", 2);
     // While spawns are being retried, status answers (the loop never blocks on a retry).
     let st = d.wait_for(&repo.path, "mi", T, "a spawn retry in backoff", |s| {
         s["workers"]
@@ -425,22 +415,7 @@ fn after_kill_9_of_zergd_with_containers_running_none_is_left_behind() {
     repo.write_script("zc", &json!({"default": [{"op": "tick", "count": 8, "interval_ms": 100}, {"op": "write_owned"}]}));
     let mut ctx = cdaemon();
     let d = &mut ctx.d;
-    assert!(
-        d.ctl_in(
-            &repo.path,
-            &[
-                "rush",
-                "zc",
-                "--workers",
-                "3",
-                "--mode",
-                "container",
-                "--detach"
-            ]
-        )
-        .status
-        .success()
-    );
+    start_detached(d, &repo, "zc", 3);
     let st = d.wait_for(&repo.path, "zc", T, "three running containers", |s| {
         s["workers"]
             .as_object()
@@ -498,31 +473,8 @@ fn a_probe_inside_a_worker_container_reaches_nothing_it_must_not() {
     );
     let ctx = cdaemon();
     let d = &ctx.d;
-    let out = d.ctl_in(
-        &repo.path,
-        &[
-            "rush",
-            "iso",
-            "--workers",
-            "2",
-            "--mode",
-            "container",
-            "--detach",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let st = d.wait_for(&repo.path, "iso", T, "two workers running tasks", |s| {
-        s["workers"].as_object().is_some_and(|w| {
-            w.values()
-                .filter(|x| x["status"] == "running" && x["step"] == "implementing")
-                .count()
-                == 2
-        })
-    });
+    start_detached(d, &repo, "iso", 2);
+    let st = wait_implementing(d, &repo, "iso", 2);
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
     let id_of = |w: &str| {
         st["workers"][w]["container_id"]
@@ -640,30 +592,8 @@ fn stop_force_removes_a_container_whose_agent_ignores_sigterm() {
     );
     let ctx = cdaemon();
     let d = &ctx.d;
-    assert!(
-        d.ctl_in(
-            &repo.path,
-            &[
-                "rush",
-                "st",
-                "--workers",
-                "2",
-                "--mode",
-                "container",
-                "--detach"
-            ]
-        )
-        .status
-        .success()
-    );
-    let st = d.wait_for(&repo.path, "st", T, "two workers in their agent CLI", |s| {
-        s["workers"].as_object().is_some_and(|w| {
-            w.values()
-                .filter(|x| x["status"] == "running" && x["step"] == "implementing")
-                .count()
-                == 2
-        })
-    });
+    start_detached(d, &repo, "st", 2);
+    let st = wait_implementing(d, &repo, "st", 2);
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
     assert_eq!(containers_of(&rush_id, false).len(), 2);
     let out = d.ctl_in(&repo.path, &["stop", "st", "--force"]);
