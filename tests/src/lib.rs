@@ -186,6 +186,11 @@ impl Default for TestRepo {
     }
 }
 
+/// A required quality gate as loud as a real test suite (`seq 1 40000` prints about 230 KB).
+pub const NOISY_GATE: &str = "quality_gates:
+  - {name: noisy-test, command: 'seq 1 40000', required: true, timeout: 120}
+";
+
 /// Fast resilience settings for tests (values in seconds): short enough for the chaos tests,
 /// long enough that a loaded 2-core CI machine does not produce false stale detections.
 pub const FAST_WORKERS: &str = "workers:
@@ -432,7 +437,7 @@ pub fn graph_12(feature: &str) -> String {
         tasks.push(serde_json::json!({
             "id": format!("G-L2-{i:03}"), "title": format!("Level two part {i}"), "level": 2,
             "dependencies": (1..=5).map(|j| format!("G-L1-{j:03}")).collect::<Vec<_>>(),
-            "files": {"create": [format!("l2/b{i}.txt")], "modify": [], "read": ["l1/a1.txt"]},
+            "files": {"create": [format!("l2/b{i}.txt")], "modify": [], "read": ["l1/", "l1/a1.txt"]},
             "verification": {"command": format!("{all_l1} && test -f l2/b{i}.txt")}
         }));
     }

@@ -387,6 +387,21 @@ fn parse_doc(bytes: &[u8], path: &Path) -> Result<StateDoc, StoreError> {
 
 type LockFn<'a> = &'a dyn Fn() -> Result<Flock<File>, StoreError>;
 
+/// A temporary file in `dir` holding `bytes`, fsynced: the first half of every atomic write here.
+fn synced_temp(
+    dir: &Path,
+    target: &Path,
+    bytes: &[u8],
+) -> Result<tempfile::NamedTempFile, StoreError> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(io("create temp in", dir))?;
+    tmp.write_all(bytes).map_err(io("write", target))?;
+    tmp.as_file().sync_all().map_err(io("fsync", target))?;
+    Ok(tmp)
+}
+
 /// Crash-safe replace of `target` with `bytes`: temp file, fsync, hard-link backup, rename,
 /// directory fsync. `lock` (if given) is held for the duration.
 pub fn write_atomic(
@@ -400,12 +415,7 @@ pub fn write_atomic(
         Some(l) => Some(l()?),
         None => None,
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(io("create temp in", dir))?;
-    tmp.write_all(bytes).map_err(io("write", target))?;
-    tmp.as_file().sync_all().map_err(io("fsync", target))?;
+    let tmp = synced_temp(dir, target, bytes)?;
     if target.exists() {
         let mut bak = target.as_os_str().to_owned();
         bak.push(".bak");
@@ -484,15 +494,18 @@ pub fn write_worker_files(
         (format!("heartbeat-{worker}.json"), heartbeat),
         (format!("progress-{worker}.json"), progress),
     ] {
-        let result = (|| -> std::io::Result<()> {
-            fs::create_dir_all(dir)?;
-            let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
-            serde_json::to_writer(&mut tmp, value).map_err(std::io::Error::other)?;
-            tmp.write_all(b"\n")?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(dir.join(&name)).map_err(|e| e.error)?;
-            Ok(())
-        })();
+        let target = dir.join(&name);
+        let mut bytes = serde_json::to_vec(value).unwrap_or_default();
+        bytes.push(b'\n');
+        // No backup and no directory fsync: the files are rewritten on every heartbeat.
+        let result = fs::create_dir_all(dir)
+            .map_err(io("create", dir))
+            .and_then(|()| synced_temp(dir, &target, &bytes))
+            .and_then(|tmp| {
+                tmp.persist(&target)
+                    .map(|_| ())
+                    .map_err(|e| io("rename onto", &target)(e.error))
+            });
         if let Err(e) = result {
             tracing::warn!(file = %dir.join(&name).display(), error = %e, "cannot write worker file");
         }

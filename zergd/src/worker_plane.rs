@@ -49,13 +49,9 @@ impl WorkerToken {
     /// A fresh token from the operating system's random source.
     pub fn generate() -> Self {
         let mut bytes = [0u8; 32];
-        if getrandom::fill(&mut bytes).is_err() {
-            // The OS source failing is not recoverable in any sane way; mixing in the
-            // non-cryptographic generator at least keeps tokens unique.
-            for b in bytes.iter_mut() {
-                *b = fastrand::u8(..);
-            }
-        }
+        // Without the OS random source no token can be trusted: zergd stops (and its service
+        // manager restarts it) rather than hand out guessable ones.
+        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
         Self(hex(&bytes))
     }
 

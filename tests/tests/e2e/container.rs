@@ -196,6 +196,9 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
     let repo = TestRepo::new();
     repo.write_graph("ct", &graph_12("ct"));
     container_config(&repo, IMAGE);
+    let cfg = repo.path.join(".zerg/config.yaml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}{NOISY_GATE}")).unwrap();
     // One task proves the spec (with task-graph.json) is readable inside the container.
     repo.write_script(
         "ct",

@@ -20,7 +20,7 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
             {"op": "write", "path": ".gsd/specs/feat/extra.md", "content": "new\n"}
         ]}}),
     );
-    repo.write_config(FAST_WORKERS);
+    repo.write_config(&format!("{FAST_WORKERS}{NOISY_GATE}"));
     let head_before = git(&repo.path, &["rev-parse", "HEAD"]);
     let status_before = repo.status_porcelain();
     let d = Daemon::start();
@@ -48,6 +48,10 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     {
         assert!(files.contains(&f), "{f} missing on staging: {files:?}");
     }
+    // The loud gate passed after every level, and its full output is in its log.
+    let gate_log = repo.path.join(".zerg/logs/gate-noisy-test-level-3.log");
+    let logged = std::fs::read_to_string(&gate_log).unwrap_or_default();
+    assert!(logged.ends_with("40000\n"), "{}", gate_log.display());
     // The committed spec is on staging exactly as on the base, although one task's agent
     // vandalised it in its worktree.
     assert_eq!(

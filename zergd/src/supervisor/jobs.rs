@@ -388,9 +388,8 @@ fn exclude_zerg_dirs(repo: &Path) {
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
     for (w, _, head) in &job.heads {
-        // Container workers write new objects to their own store; bring them into the shared
-        // one before merging (a no-op in subprocess mode).
-        let _ = crate::launcher::container::import_worker_objects(staging, *w);
+        // A container worker's objects were imported (and verified) when its commit was
+        // accepted: every head merged here is an accepted commit.
         let msg = format!(
             "ZERG: merge {} (level {})",
             worker_branch(feature, *w),
@@ -466,6 +465,7 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -
         std::fs::File::create(p).ok()
     });
     let sink = Arc::new(Mutex::new((std::collections::VecDeque::<u8>::new(), file)));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let pumps: Vec<_> = [
         child
             .stdout
@@ -480,6 +480,7 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -
     .flatten()
     .map(|mut r| {
         let sink = sink.clone();
+        let done = done_tx.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 64 << 10];
             while let Ok(n) = r.read(&mut buf) {
@@ -495,6 +496,7 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -
                 let excess = tail.len().saturating_sub(OUTPUT_TAIL_BYTES);
                 tail.drain(..excess);
             }
+            let _ = done.send(());
         })
     })
     .collect();
@@ -519,12 +521,22 @@ pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -
             Err(e) => return (false, e.to_string()),
         }
     };
-    // The pipes close when the command and everything it started have exited; a grandchild
-    // that keeps them open is killed with the group.
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    // The pipes close when the command and everything it started have exited. A grandchild
+    // that keeps them open still belongs to the group (so its id cannot have been reused):
+    // after a short wait it is killed with the group.
+    let deadline = StdInstant::now() + Duration::from_secs(2);
+    let mut closed = 0;
+    while closed < pumps.len() {
+        let left = deadline.saturating_duration_since(StdInstant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            break;
+        }
+        closed += 1;
+    }
     for p in pumps {
         let _ = p.join();
     }
@@ -605,6 +617,31 @@ mod tests {
             logged > 9_000_000,
             "the full output is in the log: {logged} bytes"
         );
+        // A gate that leaves a process holding its output open: the gate's result counts, and
+        // the straggler is killed with the gate's process group.
+        let pidfile = dir.path().join("bg.pid");
+        let cmd = format!(
+            "sleep 300 & echo $! > {}; echo gate done",
+            pidfile.display()
+        );
+        let (ok, out) = run_shell(&cmd, dir.path(), Duration::from_secs(300), None);
+        assert!(ok, "{out}");
+        assert!(out.contains("gate done"), "{out}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut gone = false;
+        for _ in 0..100 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z") {
+                gone = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone, "the process the gate left behind is still running");
         let (ok, out) = run_shell(
             "echo broken; exit 3",
             dir.path(),

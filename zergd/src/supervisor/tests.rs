@@ -1776,8 +1776,21 @@ fn readoption_of_a_reused_pid_is_a_dead_worker() {
     // The launcher compares the recorded start time; a pid now naming another process is
     // reported as not alive, and nothing of it is watched or signalled.
     let (mut h, t) = H::one_running(Mode::Subprocess);
-    h.r.doc.workers.get_mut("0").unwrap().pid_start_time = Some(42);
-    let (fx, out) = h.restart(&alive(0, false));
+    // The recorded pid now names a live process (this test), started at another time.
+    let me = std::process::id() as i32;
+    let real_start = crate::launcher::subprocess::proc_start_time(me).unwrap();
+    let ws = h.r.doc.workers.get_mut("0").unwrap();
+    ws.pid = Some(me);
+    ws.pid_start_time = Some(real_start + 1);
+    // What the shell asks the launcher, for each recorded handle.
+    let mut observed = alive(0, true);
+    for (w, _, sp) in h.r.recorded_workers(&[]) {
+        observed
+            .alive
+            .insert(w, crate::launcher::subprocess::same_process(&sp));
+    }
+    assert!(!observed.alive[&0], "a reused pid is not our worker");
+    let (fx, out) = h.restart(&observed);
     assert!(out.watch.is_empty());
     assert!(
         fx.stop.is_empty(),

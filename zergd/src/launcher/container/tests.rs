@@ -1,5 +1,6 @@
 //! The container launcher against the machine's real engine (skipped where none is reachable).
 
+use super::spec::tests::git_ok;
 use super::*;
 use crate::launcher::ContainerSpec;
 
@@ -100,21 +101,6 @@ async fn build_test_image(docker: &Docker, git: &Path) {
     while let Some(item) = s.next().await {
         item.expect("image import failed");
     }
-}
-
-fn git_ok(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 async fn exit_of(rx: tokio::sync::oneshot::Receiver<ExitInfo>) -> ExitInfo {
