@@ -198,31 +198,68 @@ pub fn result_event(line: &str) -> Option<(bool, Option<f64>)> {
     })
 }
 
+/// Longest line kept for the tail and the checks; the rest of a longer line still reaches the
+/// log file.
+const MAX_LINE: usize = 4096;
+
+/// Drains one output pipe until it closes: every byte goes to the artifact file as it
+/// arrives, whatever the line length or encoding, while at most [`MAX_LINE`] bytes of each line
+/// are kept for the tail, the rate-limit check and the stream-json result.
 async fn pump<R: AsyncRead + Unpin>(
     r: R,
     sink: Arc<Mutex<Sink>>,
     last_output: Arc<AtomicI64>,
     done: Arc<Notify>,
 ) {
-    let mut lines = BufReader::new(r).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut reader = BufReader::with_capacity(64 * 1024, r);
+    let mut line: Vec<u8> = Vec::with_capacity(256);
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(c) => c,
+        };
         last_output.store(now_ms(), Ordering::Relaxed);
+        let n = chunk.len();
         let mut s = sink.lock().await;
         if let Some(f) = s.file.as_mut() {
-            let _ = f.write_all(line.as_bytes()).await;
-            let _ = f.write_all(b"\n").await;
+            let _ = f.write_all(chunk).await;
         }
-        if let Some(rl) = detect_rate_limit(&line) {
-            s.rate_limit = Some(rl);
+        for part in chunk.split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match part.strip_suffix(b"\n") {
+                Some(b) => (b, true),
+                None => (part, false),
+            };
+            let room = MAX_LINE.saturating_sub(line.len());
+            line.extend_from_slice(&body[..body.len().min(room)]);
+            if ends {
+                s.take_line(&String::from_utf8_lossy(&line), &done);
+                line.clear();
+            }
         }
-        if let Some((is_error, cost)) = result_event(&line) {
-            s.result = Some(is_error);
-            s.cost_usd = cost.or(s.cost_usd);
+        drop(s);
+        reader.consume(n);
+    }
+    if !line.is_empty() {
+        sink.lock()
+            .await
+            .take_line(&String::from_utf8_lossy(&line), &done);
+    }
+}
+
+impl Sink {
+    /// One (possibly cut) output line: the checks, then the tail.
+    fn take_line(&mut self, line: &str, done: &Notify) {
+        if let Some(rl) = detect_rate_limit(line) {
+            self.rate_limit = Some(rl);
+        }
+        if let Some((is_error, cost)) = result_event(line) {
+            self.result = Some(is_error);
+            self.cost_usd = cost.or(self.cost_usd);
             done.notify_one();
         }
-        s.tail.push_back(line);
-        if s.tail.len() > 20 {
-            s.tail.pop_front();
+        self.tail.push_back(line.to_string());
+        if self.tail.len() > 20 {
+            self.tail.pop_front();
         }
     }
 }
@@ -349,6 +386,45 @@ mod tests {
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.timed_out);
         assert!(!o.success());
+    }
+
+    #[tokio::test]
+    async fn binary_output_and_a_10_mb_line_are_drained_logged_and_cut_in_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "printf '\\377\\376 not utf-8\\n'; head -c 10000000 /dev/zero | tr '\\0' x; echo; echo last line; exit 1"
+                    .into(),
+            ],
+            cwd: dir.path(),
+            env: vec![],
+            timeout: Duration::from_secs(60),
+            artifact: Some(dir.path().join("out.txt")),
+            own_group: true,
+            result_grace: RESULT_GRACE,
+        };
+        let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
+        assert_eq!(
+            o.code,
+            Some(1),
+            "the command ran to its end: nothing waited on a pipe"
+        );
+        assert!(!o.timed_out);
+        assert!(
+            o.tail.contains("last line"),
+            "{}",
+            &o.tail[..200.min(o.tail.len())]
+        );
+        assert!(o.tail.contains("not utf-8"));
+        assert!(
+            o.tail.len() < 3 * MAX_LINE,
+            "tail is bounded: {}",
+            o.tail.len()
+        );
+        let logged = std::fs::metadata(dir.path().join("out.txt")).unwrap().len();
+        assert!(logged > 10_000_000, "everything reaches the log: {logged}");
     }
 
     #[test]

@@ -253,8 +253,8 @@ impl Default for ContainerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ResourcesConfig {
-    /// Memory limit per container, Docker syntax (`4g`, `512m`).
-    pub container_memory_limit: String,
+    /// Memory limit per container, Docker syntax (`4g`, `512m`), checked when the file is read.
+    pub container_memory_limit: ByteSize,
     /// CPU limit per container.
     pub container_cpu_limit: f64,
     /// Process limit per container.
@@ -270,7 +270,7 @@ pub struct ResourcesConfig {
 impl Default for ResourcesConfig {
     fn default() -> Self {
         Self {
-            container_memory_limit: "4g".into(),
+            container_memory_limit: ByteSize(4 << 30),
             container_cpu_limit: 2.0,
             container_pids_limit: 1024,
             cpu_cores: None,
@@ -443,9 +443,47 @@ impl Config {
         {
             return Err("resources.container_cpu_limit: must be positive".into());
         }
-        parse_memory(&self.resources.container_memory_limit)
-            .map_err(|e| format!("resources.container_memory_limit: {e}"))?;
         Ok(())
+    }
+}
+
+/// A size in bytes, read from Docker's syntax (`4g`, `512m`, `1024k`) or a plain integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub i64);
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Checked inside the visitor, so the error carries the key path.
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size such as 4g or 512m")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                parse_memory(v).map(ByteSize).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                match i64::try_from(v) {
+                    Ok(n) if n > 0 => Ok(ByteSize(n)),
+                    _ => Err(E::custom(format!("{v} is not a positive size"))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                if v > 0 {
+                    Ok(ByteSize(v))
+                } else {
+                    Err(E::custom(format!("'{v}' must be positive")))
+                }
+            }
+        }
+        d.deserialize_any(Size)
     }
 }
 
@@ -623,5 +661,28 @@ mod tests {
         assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
         assert_eq!(parse_memory("1024").unwrap(), 1024);
         assert!(parse_memory("-1g").is_err());
+        // Read once, into bytes, with the key named when it is wrong.
+        let (c, _) =
+            Config::parse("resources: {container_memory_limit: 512m}\n", "c.yaml").unwrap();
+        assert_eq!(c.resources.container_memory_limit, ByteSize(512 << 20));
+        let (c, _) =
+            Config::parse("resources: {container_memory_limit: 2048}\n", "c.yaml").unwrap();
+        assert_eq!(c.resources.container_memory_limit, ByteSize(2048));
+        for bad in ["0", "-5", "0m", "'x'"] {
+            let err = Config::parse(
+                &format!("resources: {{container_memory_limit: {bad}}}\n"),
+                "c.yaml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("resources.container_memory_limit"),
+                "{bad}: {err}"
+            );
+            assert!(
+                err.contains("positive") || err.contains("size"),
+                "{bad}: {err}"
+            );
+        }
     }
 }

@@ -10,6 +10,7 @@
 //! every rush; workers reach zergd on a separate socket per rush ([`worker_plane`]).
 
 pub mod backoff;
+pub mod calls;
 pub mod clock;
 pub mod config;
 pub mod domain;

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
+use crate::calls::{RetryTasks, RushKey, StartRush, StopRush};
 use crate::supervisor::{ControlCmd, Event, Handle};
 
 /// The control service, backed by the supervisor handle.
@@ -33,11 +34,11 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[tonic::async_trait]
 impl Control for Services {
     async fn rush(&self, req: Request<v1::RushRequest>) -> Result<Response<v1::RushReply>, Status> {
-        let r = req.into_inner();
+        let r = StartRush::try_from(req.into_inner())?;
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Rush(r, tx)))
             .await
-            .map(Response::new)
+            .map(|s| Response::new(s.into()))
             .map_err(Status::from)
     }
 
@@ -45,7 +46,7 @@ impl Control for Services {
         &self,
         req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::RushStatus>, Status> {
-        let r = req.into_inner();
+        let r = RushKey::try_from(req.into_inner())?;
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Status(r, tx)))
             .await
@@ -70,7 +71,7 @@ impl Control for Services {
         &self,
         req: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let r = req.into_inner();
+        let r = RushKey::try_from(req.into_inner())?;
         let rx = self
             .handle
             .ask(|tx| Event::Control(ControlCmd::Watch(r, tx)))
@@ -79,11 +80,11 @@ impl Control for Services {
     }
 
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::StopReply>, Status> {
-        let r = req.into_inner();
+        let r = StopRush::try_from(req.into_inner())?;
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Stop(r, tx)))
             .await
-            .map(Response::new)
+            .map(|workers_signalled| Response::new(v1::StopReply { workers_signalled }))
             .map_err(Status::from)
     }
 
@@ -91,11 +92,11 @@ impl Control for Services {
         &self,
         req: Request<v1::RetryRequest>,
     ) -> Result<Response<v1::RetryReply>, Status> {
-        let r = req.into_inner();
+        let r = RetryTasks::try_from(req.into_inner())?;
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Retry(r, tx)))
             .await
-            .map(Response::new)
+            .map(|requeued| Response::new(v1::RetryReply { requeued }))
             .map_err(Status::from)
     }
 
@@ -111,7 +112,7 @@ impl Control for Services {
             .handle
             .ask(|tx| {
                 Event::Control(ControlCmd::Status(
-                    v1::StatusRequest {
+                    RushKey {
                         repo: r.repo.clone(),
                         feature: r.feature.clone(),
                     },
@@ -209,7 +210,7 @@ impl Control for Services {
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Shutdown(tx)))
             .await
-            .map(Response::new)
+            .map(|()| Response::new(v1::ShutdownReply {}))
             .map_err(Status::from)
     }
 }

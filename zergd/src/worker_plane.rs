@@ -27,7 +27,10 @@ use tonic::{Request, Response, Status, Streaming};
 use zerg_proto::v1;
 use zerg_proto::v1::worker_server::{Worker, WorkerServer};
 
+use crate::calls::{Beat, Completion, EscalationReport, Failure, Register};
+use crate::error::SupervisorError;
 use crate::supervisor::{Event, Handle, WorkerCmd};
+use crate::wire::worker::lease_caller;
 
 /// File name of a worker-plane socket inside its own directory.
 pub const PLANE_SOCKET_NAME: &str = "worker.sock";
@@ -185,19 +188,27 @@ struct PlaneService {
 }
 
 impl PlaneService {
-    async fn call<T, R>(
+    /// Checks the request at the edge, hands it to the supervisor with who sent it, and turns
+    /// the answer into the reply message.
+    async fn call<T, D, R, W>(
         &self,
         req: Request<T>,
-        make: impl FnOnce(T, crate::supervisor::Reply<R>) -> WorkerCmd,
-    ) -> Result<Response<R>, Status> {
+        convert: impl FnOnce(T) -> Result<D, SupervisorError>,
+        make: impl FnOnce(D, crate::supervisor::Reply<R>) -> WorkerCmd,
+        reply: impl FnOnce(R) -> W,
+    ) -> Result<Response<W>, Status> {
         let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
-        let r = req.into_inner();
+        let r = convert(req.into_inner())?;
         self.handle
             .ask(|tx| Event::Worker(auth, make(r, tx)))
             .await
-            .map(Response::new)
+            .map(|r| Response::new(reply(r)))
             .map_err(Status::from)
     }
+}
+
+fn ack(_: ()) -> v1::Ack {
+    v1::Ack {}
 }
 
 #[tonic::async_trait]
@@ -206,14 +217,16 @@ impl Worker for PlaneService {
         &self,
         req: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterReply>, Status> {
-        self.call(req, WorkerCmd::Register).await
+        self.call(req, Register::try_from, WorkerCmd::Register, Into::into)
+            .await
     }
 
     async fn lease(
         &self,
         req: Request<v1::LeaseRequest>,
     ) -> Result<Response<v1::LeaseReply>, Status> {
-        self.call(req, WorkerCmd::Lease).await
+        self.call(req, lease_caller, WorkerCmd::Lease, Into::into)
+            .await
     }
 
     async fn heartbeat(
@@ -223,10 +236,10 @@ impl Worker for PlaneService {
         let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
         let mut stream = req.into_inner();
         while let Some(msg) = stream.next().await {
-            let msg = msg?;
+            let beat = Beat::try_from(msg?)?;
             let a = auth.clone();
             self.handle
-                .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(msg, tx)))
+                .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(beat, tx)))
                 .await
                 .map_err(Status::from)?;
         }
@@ -237,18 +250,21 @@ impl Worker for PlaneService {
         &self,
         req: Request<v1::CompleteRequest>,
     ) -> Result<Response<v1::Ack>, Status> {
-        self.call(req, WorkerCmd::Complete).await
+        self.call(req, Completion::try_from, WorkerCmd::Complete, ack)
+            .await
     }
 
     async fn fail(&self, req: Request<v1::FailRequest>) -> Result<Response<v1::Ack>, Status> {
-        self.call(req, WorkerCmd::Fail).await
+        self.call(req, Failure::try_from, WorkerCmd::Fail, ack)
+            .await
     }
 
     async fn escalate(
         &self,
         req: Request<v1::EscalateRequest>,
     ) -> Result<Response<v1::Ack>, Status> {
-        self.call(req, WorkerCmd::Escalate).await
+        self.call(req, EscalationReport::try_from, WorkerCmd::Escalate, ack)
+            .await
     }
 }
 

@@ -1,6 +1,6 @@
 //! Integration tests of the supervisor actor with a fake launcher: the real event loop, real
-//! git and the real state store, with the test playing the worker agents through the same
-//! commands the gRPC layer sends.
+//! git, the real state store and each rush's real worker-plane socket, with the test playing the
+//! worker agents over gRPC.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,8 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tonic::transport::Channel;
+use zerg_proto::contract::{TOKEN_METADATA, bearer};
+use zerg_proto::transport;
 use zerg_proto::v1;
+use zerg_proto::v1::worker_client::WorkerClient;
+use zergd::calls::{RushKey, StartRush};
 use zergd::clock::SystemClock;
+use zergd::domain::Mode;
 use zergd::launcher::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
 use zergd::supervisor::{ControlCmd, Event, Handle, Settings, Supervisor, WorkerCmd};
 use zergd::worker_plane::WorkerAuth;
@@ -130,11 +136,6 @@ fn repo(dir: &Path) -> PathBuf {
     r
 }
 
-/// What the worker plane sees of a call from this worker: its rush's socket, its token.
-fn auth(spec: &WorkerSpec) -> WorkerAuth {
-    WorkerAuth::for_token(&spec.rush_id, &spec.token)
-}
-
 fn me(spec: &WorkerSpec) -> Option<v1::WorkerRef> {
     Some(v1::WorkerRef {
         rush_id: spec.rush_id.clone(),
@@ -143,39 +144,45 @@ fn me(spec: &WorkerSpec) -> Option<v1::WorkerRef> {
     })
 }
 
-/// Registers a spawned worker and leases its next task.
-async fn lease(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
-    h.ask(|tx| {
-        Event::Worker(
-            auth(spec),
-            WorkerCmd::Register(
-                v1::RegisterRequest {
-                    worker: me(spec),
-                    pid: 1,
-                    ..Default::default()
-                },
-                tx,
-            ),
-        )
-    })
-    .await
-    .unwrap();
-    next(h, spec).await
+/// A client of the rush's real worker-plane socket, as the worker's agent would open it.
+async fn plane(spec: &WorkerSpec) -> WorkerClient<Channel> {
+    WorkerClient::new(transport::connect(&spec.socket).await.unwrap())
 }
 
-async fn next(h: &Handle, spec: &WorkerSpec) -> v1::LeaseReply {
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        h.ask(|tx| {
-            Event::Worker(
-                auth(spec),
-                WorkerCmd::Lease(v1::LeaseRequest { worker: me(spec) }, tx),
-            )
-        }),
-    )
-    .await
-    .expect("a lease reply")
-    .unwrap()
+/// `msg` carrying `token` (if any) the way the agent sends it.
+fn signed<T>(token: Option<&str>, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        r.metadata_mut()
+            .insert(TOKEN_METADATA, bearer(t).parse().unwrap());
+    }
+    r
+}
+
+/// `msg` signed with this worker's own token.
+fn from<T>(spec: &WorkerSpec, msg: T) -> tonic::Request<T> {
+    signed(Some(spec.token.expose()), msg)
+}
+
+/// Registers a spawned worker and leases its next task.
+async fn lease(spec: &WorkerSpec) -> v1::LeaseReply {
+    let reg = v1::RegisterRequest {
+        worker: me(spec),
+        pid: 1,
+        ..Default::default()
+    };
+    plane(spec).await.register(from(spec, reg)).await.unwrap();
+    next(spec).await
+}
+
+async fn next(spec: &WorkerSpec) -> v1::LeaseReply {
+    let req = v1::LeaseRequest { worker: me(spec) };
+    let mut c = plane(spec).await;
+    tokio::time::timeout(Duration::from_secs(30), c.lease(from(spec, req)))
+        .await
+        .expect("a lease reply")
+        .unwrap()
+        .into_inner()
 }
 
 fn task(reply: v1::LeaseReply) -> v1::Task {
@@ -185,8 +192,16 @@ fn task(reply: v1::LeaseReply) -> v1::Task {
     }
 }
 
+async fn report(spec: &WorkerSpec, req: v1::CompleteRequest) -> Result<(), tonic::Status> {
+    plane(spec)
+        .await
+        .complete(from(spec, req))
+        .await
+        .map(|_| ())
+}
+
 /// Does the task's work in the worker's worktree, as the agent would, and reports it.
-async fn complete(h: &Handle, spec: &WorkerSpec, t: &v1::Task) {
+async fn complete(spec: &WorkerSpec, t: &v1::Task) {
     let wt = &spec.worktree;
     git(wt, &["reset", "--hard", "-q", &t.base_commit]);
     for f in &t.files_create {
@@ -213,13 +228,11 @@ async fn complete(h: &Handle, spec: &WorkerSpec, t: &v1::Task) {
         commit,
         ..Default::default()
     };
-    h.ask(|tx| Event::Worker(auth(spec), WorkerCmd::Complete(req, tx)))
-        .await
-        .unwrap();
+    report(spec, req).await.unwrap();
 }
 
 async fn status(h: &Handle, repo: &Path) -> v1::RushStatus {
-    let req = v1::StatusRequest {
+    let req = RushKey {
         repo: repo.to_string_lossy().into(),
         feature: "f".into(),
     };
@@ -248,11 +261,11 @@ async fn start(
     );
     let h = sup.handle();
     tokio::spawn(sup.run());
-    let req = v1::RushRequest {
+    let req = StartRush {
         repo: r.to_string_lossy().into(),
         feature: "f".into(),
         workers: 2,
-        mode: v1::LaunchMode::Subprocess as i32,
+        mode: Some(Mode::Subprocess),
     };
     let reply = h
         .ask(|tx| Event::Control(ControlCmd::Rush(req, tx)))
@@ -269,17 +282,17 @@ async fn a_rush_runs_level_by_level_and_merges_into_staging() {
     let (h, mut spawns, r) = start(dir.path(), &fake).await;
     let w0 = spawns.recv().await.unwrap();
     let w1 = spawns.recv().await.unwrap();
-    let t0 = task(lease(&h, &w0).await);
-    let t1 = task(lease(&h, &w1).await);
+    let t0 = task(lease(&w0).await);
+    let t1 = task(lease(&w1).await);
     assert_eq!(t0.level, 1);
     assert_eq!(t1.level, 1);
     assert_ne!(t0.id, t1.id);
-    complete(&h, &w0, &t0).await;
-    complete(&h, &w1, &t1).await;
+    complete(&w0, &t0).await;
+    complete(&w1, &t1).await;
     // Level 2 sees both level-1 files: the lease's base commit is the new staging head.
     let reply = tokio::select! {
-        r = next(&h, &w0) => r,
-        r = next(&h, &w1) => r,
+        r = next(&w0) => r,
+        r = next(&w1) => r,
     };
     let t2 = task(reply);
     assert_eq!(t2.id, "F-L2-001");
@@ -292,7 +305,7 @@ async fn a_rush_runs_level_by_level_and_merges_into_staging() {
     );
     let worker = status(&h, &r).await.tasks["F-L2-001"].worker_id.unwrap();
     let spec = if w0.worker_id == worker { &w0 } else { &w1 };
-    complete(&h, spec, &t2).await;
+    complete(spec, &t2).await;
     // The last merge runs in the background; wait for the rush to end.
     let mut st = status(&h, &r).await;
     for _ in 0..1500 {
@@ -327,13 +340,12 @@ async fn a_crashed_worker_is_replaced_and_its_task_goes_to_the_other() {
     let (h, mut spawns, r) = start(dir.path(), &fake).await;
     let w0 = spawns.recv().await.unwrap();
     let w1 = spawns.recv().await.unwrap();
-    let t0 = task(lease(&h, &w0).await);
-    let t1 = task(lease(&h, &w1).await);
-    complete(&h, &w0, &t0).await;
+    let t0 = task(lease(&w0).await);
+    let t1 = task(lease(&w1).await);
+    complete(&w0, &t0).await;
     // w0 parks for more work; w1 crashes holding t1.
-    let h2 = h.clone();
     let w0c = w0.clone();
-    let parked = tokio::spawn(async move { next(&h2, &w0c).await });
+    let parked = tokio::spawn(async move { next(&w0c).await });
     fake.exit(w1.worker_id, w1.generation, ExitInfo::Signal(9));
     let got = task(parked.await.unwrap());
     assert_eq!(
@@ -351,13 +363,10 @@ async fn a_crashed_worker_is_replaced_and_its_task_goes_to_the_other() {
         worker: me(&w1),
         lease_id: t1.lease_id.clone(),
         task_id: t1.id.clone(),
-        commit: "x".into(),
+        commit: "0".repeat(40),
         ..Default::default()
     };
-    let err = h
-        .ask(|tx| Event::Worker(auth(&w1), WorkerCmd::Complete(late, tx)))
-        .await
-        .unwrap_err();
+    let err = report(&w1, late).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     let st = status(&h, &r).await;
     assert_eq!(st.tasks[&t1.id].crashes, 1);
@@ -399,36 +408,40 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
     let (h, mut spawns, r) = start(dir.path(), &fake).await;
     let w0 = spawns.recv().await.unwrap();
     let w1 = spawns.recv().await.unwrap();
-    let lease_as = |a: WorkerAuth, spec: &WorkerSpec| {
-        let h = h.clone();
+    let lease_as = |token: Option<String>, spec: &WorkerSpec| {
         let req = v1::LeaseRequest { worker: me(spec) };
+        let spec = spec.clone();
         async move {
-            h.ask(|tx| Event::Worker(a, WorkerCmd::Lease(req, tx)))
+            plane(&spec)
+                .await
+                .lease(signed(token.as_deref(), req))
                 .await
                 .unwrap_err()
         }
     };
-    // No token, another worker's token, or the right token on another rush's socket.
-    let none = WorkerAuth {
-        rush_id: w0.rush_id.clone(),
-        token_sha256: None,
-    };
+    // No token, or another worker's token.
     assert_eq!(
-        lease_as(none, &w0).await.code(),
+        lease_as(None, &w0).await.code(),
         tonic::Code::Unauthenticated
     );
+    let other = Some(w1.token.expose().to_string());
     assert_eq!(
-        lease_as(auth(&w1), &w0).await.code(),
+        lease_as(other, &w0).await.code(),
         tonic::Code::PermissionDenied
     );
-    // A socket of a rush zergd does not know.
+    // The right token on the socket of a rush zergd does not know.
     let elsewhere = WorkerAuth::for_token("another-rush", &w0.token);
-    assert_eq!(lease_as(elsewhere, &w0).await.code(), tonic::Code::NotFound);
+    let caller = zergd::wire::worker::lease_caller(v1::LeaseRequest { worker: me(&w0) }).unwrap();
+    let err = h
+        .ask(|tx| Event::Worker(elsewhere, WorkerCmd::Lease(caller, tx)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
     assert_ne!(w0.token, w1.token);
 
     // A commit that changes the spec is refused and the attempt fails; the spec on staging
     // stays as the base had it.
-    let t0 = task(lease(&h, &w0).await);
+    let t0 = task(lease(&w0).await);
     let wt = &w0.worktree;
     git(wt, &["reset", "--hard", "-q", &t0.base_commit]);
     std::fs::create_dir_all(wt.join(".gsd/specs/f")).unwrap();
@@ -443,10 +456,7 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
         commit,
         ..Default::default()
     };
-    let err = h
-        .ask(|tx| Event::Worker(auth(&w0), WorkerCmd::Complete(req, tx)))
-        .await
-        .unwrap_err();
+    let err = report(&w0, req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("spec"), "{}", err.message());
     let st = status(&h, &r).await;
@@ -456,8 +466,8 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
         "{:?}",
         st.tasks[&t0.id]
     );
-    // A commit id that is not hex is refused the same way, and nothing panics.
-    let t = task(next(&h, &w1).await);
+    // A commit id that is not hex is refused at the edge, naming the field; nothing panics.
+    let t = task(next(&w1).await);
     let req = v1::CompleteRequest {
         worker: me(&w1),
         lease_id: t.lease_id.clone(),
@@ -465,20 +475,13 @@ async fn worker_calls_need_the_callers_own_token_and_commits_are_checked() {
         commit: "é".repeat(20),
         ..Default::default()
     };
-    let err = h
-        .ask(|tx| Event::Worker(auth(&w1), WorkerCmd::Complete(req, tx)))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        err.message().contains("not an object id"),
-        "{}",
-        err.message()
-    );
+    let err = report(&w1, req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().starts_with("commit:"), "{}", err.message());
 }
 
-/// Every worker call with hostile values: each is answered (accepted or refused), none crashes
-/// the supervisor, and the rush still runs afterwards.
+/// Every worker call with hostile values, over the real worker-plane socket: each is answered
+/// (accepted or refused), none crashes the supervisor, and the rush still runs afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_worker_calls_never_crash_the_supervisor() {
     let dir = tempfile::tempdir().unwrap();
@@ -486,7 +489,7 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
     let (h, mut spawns, r) = start(dir.path(), &fake).await;
     let w0 = spawns.recv().await.unwrap();
     let w1 = spawns.recv().await.unwrap();
-    let t0 = task(lease(&h, &w0).await);
+    let t0 = task(lease(&w0).await);
     let huge = "x".repeat(1 << 20);
     let weird = [
         "",
@@ -511,9 +514,9 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
             generation: 0,
         }),
     ];
+    let mut c = plane(&w0).await;
     for wref in &refs {
         for s in weird {
-            let a = auth(&w0);
             let hb = v1::HeartbeatRequest {
                 worker: wref.clone(),
                 lease_id: s.into(),
@@ -523,10 +526,8 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
                 timestamp_ms: i64::MIN,
                 last_output_ms: i64::MAX,
             };
-            let _ = h
-                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Heartbeat(hb, tx)))
-                .await;
-            let c = v1::CompleteRequest {
+            let _ = c.heartbeat(from(&w0, tokio_stream::iter(vec![hb]))).await;
+            let rep = v1::CompleteRequest {
                 worker: wref.clone(),
                 lease_id: s.into(),
                 task_id: s.into(),
@@ -536,9 +537,7 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
                 cost_usd: f64::NAN,
                 ..Default::default()
             };
-            let _ = h
-                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Complete(c, tx)))
-                .await;
+            let _ = c.complete(from(&w0, rep)).await;
             let f = v1::FailRequest {
                 worker: wref.clone(),
                 lease_id: s.into(),
@@ -550,9 +549,7 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
                 cost_usd: f64::INFINITY,
                 ..Default::default()
             };
-            let _ = h
-                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Fail(f, tx)))
-                .await;
+            let _ = c.fail(from(&w0, f)).await;
             let e = v1::EscalateRequest {
                 worker: wref.clone(),
                 lease_id: s.into(),
@@ -561,18 +558,14 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
                 message: s.into(),
                 context_json: s.into(),
             };
-            let _ = h
-                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Escalate(e, tx)))
-                .await;
+            let _ = c.escalate(from(&w0, e)).await;
             let reg = v1::RegisterRequest {
                 worker: wref.clone(),
                 pid: i32::MIN,
                 held_lease_id: s.into(),
                 held_task_id: s.into(),
             };
-            let _ = h
-                .ask(|tx| Event::Worker(a.clone(), WorkerCmd::Register(reg, tx)))
-                .await;
+            let _ = c.register(from(&w0, reg)).await;
         }
     }
     // The real lease with hostile report values: refused or accepted, never a crash.
@@ -584,12 +577,12 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
         progress_pct: u32::MAX,
         ..Default::default()
     };
-    h.ask(|tx| Event::Worker(auth(&w0), WorkerCmd::Heartbeat(hb, tx)))
+    c.heartbeat(from(&w0, tokio_stream::iter(vec![hb])))
         .await
         .unwrap();
     // zergd still answers and the rush still runs: the other worker gets the other task.
     let st = status(&h, &r).await;
     assert_eq!(st.state(), v1::RushState::Running, "{st:?}");
-    let t1 = task(lease(&h, &w1).await);
+    let t1 = task(lease(&w1).await);
     assert_ne!(t1.id, t0.id);
 }

@@ -3,7 +3,8 @@
 use super::*;
 
 impl Supervisor {
-    pub(super) fn find(&self, repo: &str, feature: &str) -> Result<String, SupervisorError> {
+    pub(super) fn find(&self, key: &RushKey) -> Result<String, SupervisorError> {
+        let (repo, feature) = (key.repo.as_str(), key.feature.as_str());
         let repo_path = jobs::resolve_repo(repo)?;
         let repo_s = repo_path.to_string_lossy().to_string();
         let mut matches: Vec<&Rush> = self
@@ -32,23 +33,28 @@ impl Supervisor {
         match c {
             ControlCmd::Rush(req, reply) => self.start_rush(req, reply, now, wall),
             // Read-your-writes: the answer goes out after the state it shows is on disk.
-            ControlCmd::Status(req, reply) => match self.find(&req.repo, &req.feature) {
-                Ok(id) => self.with_rush(&id, |r, fx| fx.reply(reply, Ok(r.status()))),
+            ControlCmd::Status(key, reply) => match self.find(&key) {
+                Ok(id) => self.with_rush(&id, |r, fx| {
+                    fx.reply(reply, Ok(crate::wire::status::rush_status(r)))
+                }),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             },
             ControlCmd::List(reply) => {
-                let mut rushes: Vec<v1::RushSummary> =
-                    self.rushes.values().map(|r| r.summary()).collect();
+                let mut rushes: Vec<v1::RushSummary> = self
+                    .rushes
+                    .values()
+                    .map(crate::wire::status::rush_summary)
+                    .collect();
                 rushes.sort_by(|a, b| a.started_at.cmp(&b.started_at));
                 let _ = reply.send(Ok(v1::ListReply { rushes }));
             }
-            ControlCmd::Watch(req, reply) => match self.find(&req.repo, &req.feature) {
+            ControlCmd::Watch(key, reply) => match self.find(&key) {
                 Ok(id) => {
                     let (tx, rx) = mpsc::channel(64);
                     let first = v1::WatchEvent {
-                        status: Some(self.rushes[&id].status()),
+                        status: Some(crate::wire::status::rush_status(&self.rushes[&id])),
                         message: String::new(),
                     };
                     let _ = tx.try_send(Ok(first));
@@ -59,28 +65,23 @@ impl Supervisor {
                     let _ = reply.send(Err(e));
                 }
             },
-            ControlCmd::Stop(req, reply) => match self.find(&req.repo, &req.feature) {
+            ControlCmd::Stop(req, reply) => match self.find(&req.key) {
                 Ok(id) => {
                     // Replies only once the stopped state is on disk.
                     self.with_rush(&id, |r, fx| {
                         let n = r.stop(req.force, now, wall, fx);
-                        fx.reply(
-                            reply,
-                            Ok(v1::StopReply {
-                                workers_signalled: n,
-                            }),
-                        );
+                        fx.reply(reply, Ok(n));
                     });
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             },
-            ControlCmd::Retry(req, reply) => match self.find(&req.repo, &req.feature) {
+            ControlCmd::Retry(req, reply) => match self.find(&req.key) {
                 Ok(id) => {
                     self.with_rush(&id, |r, fx| {
                         let res = r.retry(&req.task_ids, req.reset, now, wall, fx);
-                        fx.reply(reply, res.map(|requeued| v1::RetryReply { requeued }));
+                        fx.reply(reply, res);
                     });
                 }
                 Err(e) => {
@@ -93,8 +94,8 @@ impl Supervisor {
 
     pub(super) fn start_rush(
         &mut self,
-        req: v1::RushRequest,
-        reply: Reply<v1::RushReply>,
+        req: StartRush,
+        reply: Reply<Started>,
         now: Instant,
         wall: std::time::SystemTime,
     ) {
@@ -106,38 +107,23 @@ impl Supervisor {
             }
         };
         let repo_s = repo.to_string_lossy().to_string();
-        let asked = match crate::wire::mode_from_wire(req.mode) {
-            Ok(m) => m,
-            Err(raw) => {
-                let _ = reply.send(Err(SupervisorError::invalid_argument(format!(
-                    "mode: {raw} is not subprocess or container"
-                ))));
-                return;
-            }
-        };
-        let mode_given = asked.is_some();
-        let mode = asked.unwrap_or(Mode::Subprocess);
-        if req.workers == 0 || req.workers > 64 {
-            let _ = reply.send(Err(SupervisorError::invalid_argument(
-                "workers: must be between 1 and 64",
-            )));
-            return;
-        }
+        let mode_given = req.mode.is_some();
+        let mode = req.mode.unwrap_or(Mode::Subprocess);
         let existing = self
             .rushes
             .values()
             .find(|r| r.doc.rush.repo == repo_s && r.doc.feature == req.feature)
-            .map(|r| (r.id().to_string(), r.state().to_string()));
+            .map(|r| (r.id().to_string(), r.state()));
         if let Some((id, state)) = existing {
-            match state.as_str() {
-                "pending" | "running" | "paused" => {
+            match state {
+                RushState::Pending | RushState::Running | RushState::Paused => {
                     let _ = reply.send(Err(SupervisorError::already_exists(format!(
                         "rush {} is already {state}; see `zergctl status {}`, or `zergctl stop {}`",
                         req.feature, req.feature, req.feature
                     ))));
                     return;
                 }
-                "stopped" | "failed" => {
+                RushState::Stopped | RushState::Failed => {
                     // Resume in place: the same graph snapshot, completed work kept.
                     let ensure = {
                         let r = &self.rushes[&id];
@@ -159,11 +145,11 @@ impl Supervisor {
                             r.doc.rush.mode = mode;
                         }
                         let res = r.retry(&[], false, now, wall, fx);
-                        let mode = crate::wire::state::<v1::LaunchMode>(r.doc.rush.mode);
+                        let mode = r.doc.rush.mode;
                         let workers = r.doc.rush.workers;
                         fx.reply(
                             reply,
-                            res.map(|_| v1::RushReply {
+                            res.map(|_| Started {
                                 rush_id: rid,
                                 warnings: vec![],
                                 resumed: true,
@@ -174,7 +160,7 @@ impl Supervisor {
                     });
                     return;
                 }
-                _ => {
+                RushState::Complete => {
                     self.rushes.remove(&id);
                     self.close_plane(&id);
                 }
@@ -204,9 +190,9 @@ impl Supervisor {
 
     pub(super) fn on_prepared(
         &mut self,
-        req: v1::RushRequest,
+        req: StartRush,
         result: Result<(jobs::Prepared, Vec<String>), SupervisorError>,
-        reply: Reply<v1::RushReply>,
+        reply: Reply<Started>,
         now: Instant,
         wall: std::time::SystemTime,
     ) {
@@ -229,11 +215,11 @@ impl Supervisor {
         let mut fx = Effects::default();
         fx.reply(
             reply,
-            Ok(v1::RushReply {
+            Ok(Started {
                 rush_id: id.clone(),
                 warnings,
                 resumed: false,
-                mode: crate::wire::state::<v1::LaunchMode>(mode),
+                mode,
                 workers: req.workers,
             }),
         );

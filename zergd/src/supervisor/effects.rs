@@ -192,7 +192,7 @@ impl Supervisor {
             container: ContainerSpec {
                 image: r.config.container.image.clone(),
                 network: r.config.container.network.clone(),
-                memory_bytes: parse_memory(&res.container_memory_limit).unwrap_or(4 << 30),
+                memory_bytes: res.container_memory_limit.0,
                 cpus: res.container_cpu_limit,
                 pids_limit: res.container_pids_limit,
             },

@@ -11,7 +11,6 @@ mod effects;
 pub mod jobs;
 mod recovery;
 pub mod rush;
-pub mod status;
 #[cfg(test)]
 mod tests;
 mod worker_calls;
@@ -21,14 +20,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::calls::{
+    Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome, Register,
+    Registration, RetryTasks, RushKey, StartRush, Started, StopRush,
+};
 use crate::error::SupervisorError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use zerg_proto::v1;
 
 use crate::clock::Clock;
-use crate::config::parse_memory;
-use crate::domain::Mode;
+use crate::domain::{Mode, RushState};
 use crate::launcher::container::ContainerLauncher;
 use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
@@ -43,49 +45,61 @@ pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 /// Commands from zergctl.
 pub enum ControlCmd {
     /// Start or resume a rush.
-    Rush(v1::RushRequest, Reply<v1::RushReply>),
-    /// SupervisorError of a rush.
-    Status(v1::StatusRequest, Reply<v1::RushStatus>),
+    Rush(StartRush, Reply<Started>),
+    /// The status of a rush.
+    Status(RushKey, Reply<v1::RushStatus>),
     /// All rushes.
     List(Reply<v1::ListReply>),
     /// Subscribe to a rush's status.
     Watch(
-        v1::WatchRequest,
+        RushKey,
         Reply<mpsc::Receiver<Result<v1::WatchEvent, tonic::Status>>>,
     ),
-    /// Stop a rush.
-    Stop(v1::StopRequest, Reply<v1::StopReply>),
-    /// Requeue failed tasks.
-    Retry(v1::RetryRequest, Reply<v1::RetryReply>),
+    /// Stop a rush; answers how many workers were signalled.
+    Stop(StopRush, Reply<u32>),
+    /// Requeue failed tasks; answers which.
+    Retry(RetryTasks, Reply<Vec<String>>),
     /// Exit zergd.
-    Shutdown(Reply<v1::ShutdownReply>),
+    Shutdown(Reply<()>),
 }
 
 /// RPCs from worker agents.
 pub enum WorkerCmd {
     /// A worker announces itself.
-    Register(v1::RegisterRequest, Reply<v1::RegisterReply>),
+    Register(Register, Reply<Registration>),
     /// A worker asks for work.
-    Lease(v1::LeaseRequest, Reply<v1::LeaseReply>),
+    Lease(Caller, Reply<LeaseOutcome>),
     /// One heartbeat.
-    Heartbeat(v1::HeartbeatRequest, Reply<()>),
+    Heartbeat(Beat, Reply<()>),
     /// A task was committed.
-    Complete(v1::CompleteRequest, Reply<v1::Ack>),
+    Complete(Completion, Reply<()>),
     /// A task did not finish.
-    Fail(v1::FailRequest, Reply<v1::Ack>),
+    Fail(Failure, Reply<()>),
     /// An escalation.
-    Escalate(v1::EscalateRequest, Reply<v1::Ack>),
+    Escalate(EscalationReport, Reply<()>),
 }
 
 /// A worker report whose commit is being checked in the background.
 pub enum Pending {
     /// A completion.
-    Complete(v1::CompleteRequest, Reply<v1::Ack>),
+    Complete(Completion, Reply<()>),
     /// A checkpoint (a failure report carrying a WIP commit).
-    Checkpoint(v1::FailRequest, Reply<v1::Ack>),
+    Checkpoint(Failure, Reply<()>),
 }
 
 impl WorkerCmd {
+    /// Who the call says it comes from.
+    pub fn caller(&self) -> &Caller {
+        match self {
+            WorkerCmd::Register(r, _) => &r.caller,
+            WorkerCmd::Lease(c, _) => c,
+            WorkerCmd::Heartbeat(b, _) => &b.caller,
+            WorkerCmd::Complete(c, _) => &c.caller,
+            WorkerCmd::Fail(f, _) => &f.caller,
+            WorkerCmd::Escalate(e, _) => &e.caller,
+        }
+    }
+
     /// Answers the call with an error without handling it.
     pub fn refuse(self, e: SupervisorError) {
         match self {
@@ -139,11 +153,11 @@ pub enum Event {
     /// A rush was prepared (or could not be).
     Prepared {
         /// The request.
-        req: v1::RushRequest,
+        req: StartRush,
         /// The outcome.
         result: Box<Result<(jobs::Prepared, Vec<String>), SupervisorError>>,
         /// Where to answer.
-        reply: Reply<v1::RushReply>,
+        reply: Reply<Started>,
     },
     /// A level merge finished.
     Merged {
@@ -223,7 +237,7 @@ pub struct Supervisor {
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
     pending: Vec<(String, Effects)>,
-    shutdown: Option<Reply<v1::ShutdownReply>>,
+    shutdown: Option<Reply<()>>,
     next_tick: Option<Instant>,
 }
 
@@ -293,7 +307,7 @@ impl Supervisor {
             self.tick();
             self.flush();
             if let Some(reply) = self.shutdown.take() {
-                let _ = reply.send(Ok(v1::ShutdownReply {}));
+                let _ = reply.send(Ok(()));
                 break;
             }
         }
@@ -343,7 +357,7 @@ impl Supervisor {
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
                     // One event per line; the last one carries the new status.
                     let n = msgs.len().max(1);
-                    let status = r.status();
+                    let status = crate::wire::status::rush_status(r);
                     for i in 0..n {
                         let ev = v1::WatchEvent {
                             status: (i + 1 == n).then(|| status.clone()),

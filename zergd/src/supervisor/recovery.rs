@@ -103,7 +103,7 @@ impl Supervisor {
 }
 
 /// The unresolved escalations of a rush's tasks from `.zerg/state/escalations.json`.
-pub(super) fn load_escalations(r: &Rush) -> Vec<v1::Escalation> {
+pub(super) fn load_escalations(r: &Rush) -> Vec<Escalation> {
     let path = r.paths.state_dir.join("escalations.json");
     let Some(doc) = std::fs::read(&path)
         .ok()
@@ -121,20 +121,19 @@ pub(super) fn load_escalations(r: &Rush) -> Vec<v1::Escalation> {
                 .as_str()
                 .is_some_and(|t| r.doc.tasks.contains_key(t))
         })
-        .map(|e| v1::Escalation {
+        .map(|e| Escalation {
             worker_id: e["worker_id"].as_u64().unwrap_or(0) as u32,
             task_id: e["task_id"].as_str().unwrap_or("").to_string(),
             category: e["category"].as_str().unwrap_or("").to_string(),
             message: e["message"].as_str().unwrap_or("").to_string(),
             timestamp: e["timestamp"].as_str().unwrap_or("").to_string(),
-            resolved: false,
             context_json: e.get("context").map(|c| c.to_string()).unwrap_or_default(),
         })
         .collect()
 }
 
 /// Appends escalations to `.zerg/state/escalations.json` under its lock.
-pub(super) fn append_escalations(state_dir: &Path, list: &[v1::Escalation]) {
+pub(super) fn append_escalations(state_dir: &Path, list: &[Escalation]) {
     let path = state_dir.join("escalations.json");
     let lock_path = state_dir.join("escalations.lock");
     let Ok(lock) = std::fs::OpenOptions::new()

@@ -18,6 +18,8 @@ use zerg_proto::graph::TaskGraph;
 use zerg_proto::v1;
 use zerg_proto::v1::lease_reply::Outcome;
 
+use crate::calls::{Beat, Caller, Completion, Failure, LeaseOutcome, LeaseRef, Register};
+
 use super::rush::{Effects, MergeResult, Rush, RushPaths};
 use crate::config::{Config, WorkersConfig};
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
@@ -26,7 +28,15 @@ use crate::state::{RushMeta, TaskState, WorkerState};
 const FEATURE: &str = "feat";
 const RUSH_ID: &str = "feat-1";
 
-type LeaseRx = oneshot::Receiver<Result<v1::LeaseReply, SupervisorError>>;
+type LeaseRx = oneshot::Receiver<Result<LeaseOutcome, SupervisorError>>;
+
+/// The lease a task handed out names.
+fn lease_of(t: &v1::Task) -> LeaseRef {
+    LeaseRef {
+        task_id: t.id.clone(),
+        lease_id: t.lease_id.clone(),
+    }
+}
 
 /// One task of a test graph; it creates `src/<id>.rs`.
 fn task(id: &str, level: u32, deps: &[&str]) -> Value {
@@ -169,10 +179,10 @@ impl H {
         self.worker(w).generation
     }
 
-    fn wref(&self, w: u32) -> v1::WorkerRef {
-        v1::WorkerRef {
+    fn wref(&self, w: u32) -> Caller {
+        Caller {
             rush_id: RUSH_ID.into(),
-            worker_id: w,
+            worker: w,
             generation: self.generation(w),
         }
     }
@@ -196,10 +206,10 @@ impl H {
     }
 
     fn register(&mut self, w: u32) {
-        let req = v1::RegisterRequest {
-            worker: Some(self.wref(w)),
+        let req = Register {
+            caller: self.wref(w),
             pid: 1000 + w as i32,
-            ..Default::default()
+            held: None,
         };
         if let Err(e) = self.r.on_register(req, self.now, self.wall) {
             panic!("worker {w} could not register: {e:?}");
@@ -207,13 +217,10 @@ impl H {
     }
 
     /// Worker `w` asks for work; the reply (now or later) is read with [`H::reply`].
-    fn lease_as(&mut self, w: u32, worker: v1::WorkerRef) -> Effects {
+    fn lease_as(&mut self, w: u32, worker: Caller) -> Effects {
         let (tx, rx) = oneshot::channel();
         self.leases.insert(w, rx);
-        let req = v1::LeaseRequest {
-            worker: Some(worker),
-        };
-        self.run(|r, now, wall, fx| r.on_lease(req, tx, now, wall, fx))
+        self.run(|r, now, wall, fx| r.on_lease(&worker, tx, now, wall, fx))
     }
 
     fn lease(&mut self, w: u32) -> Effects {
@@ -221,13 +228,13 @@ impl H {
         self.lease_as(w, me)
     }
 
-    /// The lease reply worker `w` received, if any yet.
+    /// The lease reply worker `w` received, if any yet, as the wire carries it.
     fn reply(&mut self, w: u32) -> Option<Result<v1::LeaseReply, SupervisorError>> {
         let rx = self.leases.get_mut(&w)?;
         match rx.try_recv() {
             Ok(v) => {
                 self.leases.remove(&w);
-                Some(v)
+                Some(v.map(v1::LeaseReply::from))
             }
             Err(TryRecvError::Empty) => None,
             Err(TryRecvError::Closed) => {
@@ -273,18 +280,19 @@ impl H {
         }
     }
 
-    fn complete_req(&self, w: u32, t: &v1::Task) -> v1::CompleteRequest {
-        v1::CompleteRequest {
-            worker: Some(self.wref(w)),
-            lease_id: t.lease_id.clone(),
-            task_id: t.id.clone(),
+    fn complete_req(&self, w: u32, t: &v1::Task) -> Completion {
+        Completion {
+            caller: self.wref(w),
+            lease: lease_of(t),
             commit: format!("c-{}", t.id),
+            tiers: vec![],
+            out_of_scope: vec![],
             duration_ms: 1000,
-            ..Default::default()
+            cost_usd: 0.0,
         }
     }
 
-    fn try_complete(&mut self, req: v1::CompleteRequest) -> Result<Effects, SupervisorError> {
+    fn try_complete(&mut self, req: Completion) -> Result<Effects, SupervisorError> {
         let mut res = Ok(());
         let fx = self.run(|r, now, wall, fx| res = r.on_complete(req, now, wall, fx));
         res.map(|()| fx)
@@ -299,30 +307,29 @@ impl H {
         }
     }
 
-    fn fail_req(&self, w: u32, t: &v1::Task, kind: &str) -> v1::FailRequest {
-        v1::FailRequest {
-            worker: Some(self.wref(w)),
-            lease_id: t.lease_id.clone(),
-            task_id: t.id.clone(),
+    fn fail_req(&self, w: u32, t: &v1::Task, kind: &str) -> Failure {
+        Failure {
+            caller: self.wref(w),
+            lease: lease_of(t),
             // Test names: the domain's (`agent_failed`); an unknown one stays unspecified.
-            kind: kind
-                .parse::<crate::domain::FailKind>()
-                .map(|k| crate::wire::fail_kind_to_wire(k) as i32)
-                .unwrap_or(0),
+            kind: kind.parse::<crate::domain::FailKind>().ok(),
             message: format!("{kind} on {}", t.id),
-            ..Default::default()
+            tiers: vec![],
+            retry_at_ms: 0,
+            checkpoint: None,
+            cost_usd: 0.0,
         }
     }
 
-    fn try_fail(&mut self, req: v1::FailRequest) -> Result<Effects, SupervisorError> {
+    fn try_fail(&mut self, req: Failure) -> Result<Effects, SupervisorError> {
         let mut res = Ok(());
         let fx = self.run(|r, now, wall, fx| res = r.on_fail(req, now, wall, fx));
         res.map(|()| fx)
     }
 
     #[track_caller]
-    fn fail_with(&mut self, req: v1::FailRequest) -> Effects {
-        let id = req.task_id.clone();
+    fn fail_with(&mut self, req: Failure) -> Effects {
+        let id = req.lease.task_id.clone();
         match self.try_fail(req) {
             Ok(fx) => fx,
             Err(e) => panic!("fail of {id} refused: {e:?}"),
@@ -337,21 +344,16 @@ impl H {
 
     fn heartbeat_as(
         &mut self,
-        worker: v1::WorkerRef,
+        worker: Caller,
         t: Option<&v1::Task>,
         step: &str,
         last_output_ms: i64,
     ) -> Result<(), SupervisorError> {
-        let req = v1::HeartbeatRequest {
-            worker: Some(worker),
-            lease_id: t.map(|t| t.lease_id.clone()).unwrap_or_default(),
-            task_id: t.map(|t| t.id.clone()).unwrap_or_default(),
-            step: step
-                .parse::<crate::domain::Step>()
-                .map(|k| crate::wire::step_to_wire(k) as i32)
-                .unwrap_or(0),
+        let req = Beat {
+            caller: worker,
+            lease: t.map(lease_of),
+            step: step.parse::<crate::domain::Step>().expect("a known step"),
             progress_pct: 50,
-            timestamp_ms: self.wall_ms(),
             last_output_ms,
         };
         self.r.on_heartbeat(req, self.now, self.wall)
@@ -618,13 +620,13 @@ fn stale_leases_and_old_generations_are_refused_and_change_nothing() {
     // The old generation can report neither the old lease nor the new one.
     for lease in [&a, &a2] {
         let mut req = h.complete_req(0, lease);
-        req.worker = Some(gen1.clone());
+        req.caller = gen1.clone();
         assert_eq!(
             h.try_complete(req).err().map(|e| e.code()),
             Some(Code::FailedPrecondition)
         );
         let mut req = h.fail_req(0, lease, "agent_failed");
-        req.worker = Some(gen1.clone());
+        req.caller = gen1.clone();
         assert_eq!(
             h.try_fail(req).err().map(|e| e.code()),
             Some(Code::FailedPrecondition)
@@ -1308,7 +1310,11 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.lease_id, None);
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
-    assert!(!h.r.status().rate_limited_until.is_empty());
+    assert!(
+        !crate::wire::status::rush_status(&h.r)
+            .rate_limited_until
+            .is_empty()
+    );
     assert_eq!(h.r.state(), RushState::Running);
 
     h.lease(0);
@@ -1497,7 +1503,7 @@ fn retry_clears_finished_at() {
     assert!(!h.r.doc.rush.finished_at.is_empty());
     h.retry();
     assert_eq!(h.r.state(), RushState::Running);
-    assert_eq!(h.r.status().finished_at, "");
+    assert_eq!(crate::wire::status::rush_status(&h.r).finished_at, "");
 }
 
 #[test]
@@ -1630,7 +1636,7 @@ fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
     let t = h.join(0).expect("task");
     assert!(h.join(1).is_none());
     let mut req = h.fail_req(0, &t, "checkpoint");
-    req.checkpoint_commit = "wip".into();
+    req.checkpoint = Some("wip".into());
     h.fail_with(req);
     let ts = h.task("A-L1-001");
     assert_eq!(ts.resume_from.as_deref(), Some("wip"));
@@ -1747,11 +1753,10 @@ fn readoption_keeps_a_live_worker_and_its_lease() {
     assert!(h.logged("rush_resumed"));
     // It must reconnect within the grace period; its old lease still counts when it does.
     h.advance(Duration::from_secs(2));
-    let req = v1::RegisterRequest {
-        worker: Some(h.wref(0)),
+    let req = Register {
+        caller: h.wref(0),
         pid: 1000,
-        held_task_id: t.id.clone(),
-        held_lease_id: t.lease_id.clone(),
+        held: Some(lease_of(&t)),
     };
     h.r.on_register(req, h.now, h.wall).unwrap();
     assert_eq!(h.worker(0).status, WorkerStatus::Running);

@@ -11,17 +11,7 @@ impl Supervisor {
         now: Instant,
         wall: std::time::SystemTime,
     ) {
-        fn who(r: &Option<v1::WorkerRef>) -> v1::WorkerRef {
-            r.clone().unwrap_or_default()
-        }
-        let me = match &c {
-            WorkerCmd::Register(req, _) => who(&req.worker),
-            WorkerCmd::Lease(req, _) => who(&req.worker),
-            WorkerCmd::Heartbeat(req, _) => who(&req.worker),
-            WorkerCmd::Complete(req, _) => who(&req.worker),
-            WorkerCmd::Fail(req, _) => who(&req.worker),
-            WorkerCmd::Escalate(req, _) => who(&req.worker),
-        };
+        let me = c.caller().clone();
         // Who is calling is settled before anything looks at what it asks.
         let checked = match self.rushes.get(&auth.rush_id) {
             Some(r) => r.authorize(&auth, &me),
@@ -31,7 +21,7 @@ impl Supervisor {
             ))),
         };
         if let Err(e) = checked {
-            tracing::warn!(rush = %auth.rush_id, worker = me.worker_id, error = %e.message(), "worker RPC refused");
+            tracing::warn!(rush = %auth.rush_id, worker = me.worker, error = %e.message(), "worker RPC refused");
             c.refuse(e);
             return;
         }
@@ -40,11 +30,11 @@ impl Supervisor {
             WorkerCmd::Register(req, reply) => {
                 self.reply_in(&id, reply, |r, _| r.on_register(req, now, wall));
             }
-            WorkerCmd::Lease(req, reply) => {
-                self.with_rush(&id, |r, fx| r.on_lease(req, reply, now, wall, fx));
+            WorkerCmd::Lease(caller, reply) => {
+                self.with_rush(&id, |r, fx| r.on_lease(&caller, reply, now, wall, fx));
             }
             WorkerCmd::Heartbeat(req, reply) => {
-                let w = me.worker_id;
+                let w = me.worker;
                 let Some(r) = self.rushes.get_mut(&id) else {
                     return;
                 };
@@ -60,7 +50,7 @@ impl Supervisor {
                 let _ = reply.send(res);
             }
             WorkerCmd::Complete(req, reply) => {
-                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+                let check = self.rushes[&id].commit_check(&me, &req.lease);
                 match check {
                     Ok(check) => self.verify(
                         &id,
@@ -73,13 +63,13 @@ impl Supervisor {
                     }
                 }
             }
-            WorkerCmd::Fail(req, reply) if !req.checkpoint_commit.is_empty() => {
-                let check = self.rushes[&id].commit_check(&me, &req.task_id, &req.lease_id);
+            WorkerCmd::Fail(req, reply) if req.checkpoint.is_some() => {
+                let check = self.rushes[&id].commit_check(&me, &req.lease);
                 match check {
                     Ok(check) => self.verify(
                         &id,
                         check,
-                        req.checkpoint_commit.clone(),
+                        req.checkpoint.clone().unwrap_or_default(),
                         Pending::Checkpoint(req, reply),
                     ),
                     Err(e) => {
@@ -88,14 +78,10 @@ impl Supervisor {
                 }
             }
             WorkerCmd::Fail(req, reply) => {
-                self.reply_in(&id, reply, |r, fx| {
-                    r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
-                });
+                self.reply_in(&id, reply, |r, fx| r.on_fail(req, now, wall, fx));
             }
             WorkerCmd::Escalate(req, reply) => {
-                self.reply_in(&id, reply, |r, fx| {
-                    r.on_escalate(req, wall, fx).map(|_| v1::Ack {})
-                });
+                self.reply_in(&id, reply, |r, fx| r.on_escalate(req, wall, fx));
             }
         }
     }
@@ -125,21 +111,17 @@ impl Supervisor {
     ) {
         match pending {
             Pending::Complete(req, reply) => match result {
-                Ok(()) => self.reply_in(rush, reply, |r, fx| {
-                    r.on_complete(req, now, wall, fx).map(|_| v1::Ack {})
-                }),
+                Ok(()) => self.reply_in(rush, reply, |r, fx| r.on_complete(req, now, wall, fx)),
                 Err(why) => self.reply_in(rush, reply, |r, fx| {
                     Err(r.refuse_commit(&req, &why, now, wall, fx))
                 }),
             },
             Pending::Checkpoint(mut req, reply) => {
                 if let Err(why) = result {
-                    tracing::warn!(task = %req.task_id, reason = %why, "checkpoint commit refused; the task restarts from scratch");
-                    req.checkpoint_commit.clear();
+                    tracing::warn!(task = %req.lease.task_id, reason = %why, "checkpoint commit refused; the task restarts from scratch");
+                    req.checkpoint = None;
                 }
-                self.reply_in(rush, reply, |r, fx| {
-                    r.on_fail(req, now, wall, fx).map(|_| v1::Ack {})
-                });
+                self.reply_in(rush, reply, |r, fx| r.on_fail(req, now, wall, fx));
             }
         }
     }

@@ -15,9 +15,12 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zerg_proto::graph::TaskGraph;
-use zerg_proto::v1;
 
 use crate::backoff::Backoff;
+use crate::calls::{
+    Assignment, Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome,
+    LeaseRef, Register, Registration, TierOutcome, TierSpec,
+};
 use crate::clock::{from_unix_millis, iso_millis, unix_millis};
 use crate::config::Config;
 use crate::domain::{
@@ -39,7 +42,7 @@ mod worker_rpc;
 pub use recovery::{Observed, Readoption};
 
 /// Reply channel for a lease request.
-pub type LeaseReplyTx = oneshot::Sender<Result<v1::LeaseReply, SupervisorError>>;
+pub type LeaseReplyTx = oneshot::Sender<Result<LeaseOutcome, SupervisorError>>;
 
 /// Side effects requested by the state machine.
 #[derive(Default)]
@@ -58,7 +61,7 @@ pub struct Effects {
     /// Worktrees to remove (the rush completed).
     pub cleanup: bool,
     /// Escalations to append to `escalations.json`.
-    pub escalations: Vec<v1::Escalation>,
+    pub escalations: Vec<Escalation>,
     /// The rush ended: once the stops and drains are done, remove whatever is left of its
     /// workers (containers, running or exited) up to these generations per slot.
     pub sweep: Option<BTreeMap<u32, u64>>,
@@ -247,7 +250,7 @@ pub struct Rush {
     /// Next light reconciliation.
     pub next_reconcile: Instant,
     /// Escalations raised during this rush.
-    pub escalations: Vec<v1::Escalation>,
+    pub escalations: Vec<Escalation>,
     /// Event lines since the last save, for watchers.
     pub messages: Vec<String>,
     /// When the mass-staleness brake last fired.

@@ -22,19 +22,19 @@ impl Rush {
         }
     }
 
-    pub(super) fn check_generation(&self, r: &v1::WorkerRef) -> Result<(), SupervisorError> {
-        match self.doc.workers.get(&r.worker_id.to_string()) {
+    pub(super) fn check_generation(&self, r: &Caller) -> Result<(), SupervisorError> {
+        match self.doc.workers.get(&r.worker.to_string()) {
             Some(ws) if ws.generation == r.generation => Ok(()),
             Some(ws) => Err(SupervisorError::revoked(
                 Revocation::Superseded,
                 SupervisorError::failed_precondition(format!(
                     "worker {} generation {} was superseded by generation {}",
-                    r.worker_id, r.generation, ws.generation
+                    r.worker, r.generation, ws.generation
                 )),
             )),
             None => Err(SupervisorError::not_found(format!(
                 "no worker slot {}",
-                r.worker_id
+                r.worker
             ))),
         }
     }
@@ -42,7 +42,7 @@ impl Rush {
     /// Checks that a worker-plane call comes from the worker it names: on this rush's socket,
     /// with the token of that slot's current generation. Runs before anything else looks at the
     /// request.
-    pub fn authorize(&self, auth: &WorkerAuth, r: &v1::WorkerRef) -> Result<(), SupervisorError> {
+    pub fn authorize(&self, auth: &WorkerAuth, r: &Caller) -> Result<(), SupervisorError> {
         if auth.rush_id != r.rush_id {
             return Err(SupervisorError::permission_denied(format!(
                 "this worker socket serves rush {}, not {:?}",
@@ -56,15 +56,14 @@ impl Rush {
             ));
         };
         self.check_generation(r)?;
-        let ws = self
-            .doc
-            .workers
-            .get(&r.worker_id.to_string())
-            .ok_or_else(|| SupervisorError::not_found(format!("no worker slot {}", r.worker_id)))?;
+        let ws =
+            self.doc.workers.get(&r.worker.to_string()).ok_or_else(|| {
+                SupervisorError::not_found(format!("no worker slot {}", r.worker))
+            })?;
         if ws.token_sha256.is_empty() || ws.token_sha256 != hash {
             return Err(SupervisorError::permission_denied(format!(
                 "the token does not belong to worker {} generation {}",
-                r.worker_id, r.generation
+                r.worker, r.generation
             )));
         }
         Ok(())
@@ -73,19 +72,19 @@ impl Rush {
     /// A worker announced itself.
     pub fn on_register(
         &mut self,
-        req: v1::RegisterRequest,
+        req: Register,
         now: Instant,
         wall: SystemTime,
-    ) -> Result<v1::RegisterReply, SupervisorError> {
-        let r = req.worker.unwrap_or_default();
-        self.check_generation(&r)?;
+    ) -> Result<Registration, SupervisorError> {
+        let r = &req.caller;
+        self.check_generation(r)?;
         if self.is_terminal() {
             return Err(SupervisorError::failed_precondition(format!(
                 "rush is {}",
                 self.state()
             )));
         }
-        let w = r.worker_id;
+        let w = r.worker;
         let rt = self.rt_workers.entry(w).or_default();
         let reconnect = rt.reconnect_by.take().is_some();
         rt.registered = true;
@@ -98,11 +97,9 @@ impl Rush {
                 container_id: None,
             });
         }
-        let held = (!req.held_lease_id.is_empty())
-            .then(|| (req.held_task_id.clone(), req.held_lease_id.clone()))
-            .filter(|(t, l)| {
-                self.doc.tasks.get(t).and_then(|x| x.lease_id.as_deref()) == Some(l.as_str())
-            });
+        let held = req.held.map(|h| (h.task_id, h.lease_id)).filter(|(t, l)| {
+            self.doc.tasks.get(t).and_then(|x| x.lease_id.as_deref()) == Some(l.as_str())
+        });
         let ws = self.doc.workers.get_mut(&w.to_string()).expect("checked");
         ws.ready_at = Some(iso_millis(wall));
         ws.health_check_at = Some(iso_millis(wall));
@@ -133,23 +130,19 @@ impl Rush {
         Ok(self.register_reply())
     }
 
-    pub(super) fn register_reply(&self) -> v1::RegisterReply {
+    pub(super) fn register_reply(&self) -> Registration {
         let vt = &self.config.verification_tiers;
-        let t = vt.timeout_seconds.as_secs().max(1);
-        let tier = |tier, name: &str, command: &Option<String>, blocking| v1::VerificationTier {
+        let tier = |tier, name, command: &Option<String>, blocking| TierSpec {
             tier,
-            name: name.into(),
-            command: command.clone().unwrap_or_default(),
+            name,
+            command: command.clone(),
             blocking,
-            timeout_seconds: t,
+            timeout: vt.timeout_seconds,
         };
-        v1::RegisterReply {
+        Registration {
             agent_command: self.config.agent.command.clone(),
-            agent_timeout_seconds: self.config.agent.timeout_seconds.as_secs().max(1),
-            heartbeat_interval_ms: u64::try_from(
-                self.config.workers.heartbeat_interval_seconds.as_millis(),
-            )
-            .unwrap_or(u64::MAX),
+            agent_timeout: self.config.agent.timeout_seconds,
+            heartbeat_interval: self.config.workers.heartbeat_interval_seconds,
             tiers: vec![
                 tier(1, "syntax", &vt.tier1_command, vt.tier1_blocking),
                 tier(2, "correctness", &vt.tier2_command, vt.tier2_blocking),
@@ -164,18 +157,17 @@ impl Rush {
     /// A worker asks for its next task; the reply may be deferred until one is ready.
     pub fn on_lease(
         &mut self,
-        req: v1::LeaseRequest,
+        r: &Caller,
         tx: LeaseReplyTx,
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
     ) {
-        let r = req.worker.unwrap_or_default();
-        if let Err(e) = self.check_generation(&r) {
+        if let Err(e) = self.check_generation(r) {
             let _ = tx.send(Err(e));
             return;
         }
-        let w = r.worker_id;
+        let w = r.worker;
         // Asking for a new lease while holding one means the old one was abandoned (for
         // example the reply was lost): put it back so it is not stuck in progress.
         let held = self
@@ -202,10 +194,8 @@ impl Rush {
         if self.is_terminal() {
             for (_, rt) in self.rt_workers.iter_mut() {
                 if let Some(tx) = rt.parked.take() {
-                    let reply = v1::LeaseReply {
-                        outcome: Some(v1::lease_reply::Outcome::Done(v1::Done {
-                            reason: format!("rush {}", self.doc.rush.state),
-                        })),
+                    let reply = LeaseOutcome::Done {
+                        reason: format!("rush {}", self.doc.rush.state),
                     };
                     fx.reply(tx, Ok(reply));
                 }
@@ -235,12 +225,7 @@ impl Rush {
                 .and_then(|r| r.parked.take())
                 .expect("parked");
             let task = self.lease(&task_id, w, now, wall);
-            fx.reply(
-                tx,
-                Ok(v1::LeaseReply {
-                    outcome: Some(v1::lease_reply::Outcome::Task(task)),
-                }),
-            );
+            fx.reply(tx, Ok(LeaseOutcome::Task(Box::new(task))));
         }
     }
 
@@ -270,7 +255,7 @@ impl Rush {
         w: u32,
         now: Instant,
         wall: SystemTime,
-    ) -> v1::Task {
+    ) -> Assignment {
         let staging = self.doc.rush.staging_head.clone();
         let base = self
             .doc
@@ -291,7 +276,7 @@ impl Rush {
         ts.next_retry_at = None;
         ts.base_commit = Some(base.clone());
         let attempt = ts.retry_count + 1;
-        let resume_from = ts.resume_from.clone().unwrap_or_default();
+        let resume_from = ts.resume_from.clone();
         self.rt_tasks.insert(
             task_id.to_string(),
             TaskRt {
@@ -316,26 +301,18 @@ impl Rush {
             json!({"task_id": task_id, "worker_id": w, "lease_id": lease_id, "attempt": attempt}),
         );
         let t = self.graph.task(task_id).expect("task in graph");
-        v1::Task {
+        Assignment {
             lease_id,
-            id: t.id.clone(),
+            task_id: t.id.clone(),
             title: t.title.clone(),
             description: t.description.clone(),
             level: t.level,
-            files_create: t.files.create.clone(),
-            files_modify: t.files.modify.clone(),
-            files_read: t.files.read.clone(),
-            verification_command: t
+            files: t.files.clone(),
+            verification: t
                 .verification
                 .as_ref()
-                .map(|v| v.command.clone())
-                .unwrap_or_default(),
-            verification_timeout_seconds: t
-                .verification
-                .as_ref()
-                .map(|v| v.timeout_seconds)
-                .unwrap_or(30),
-            context: t.context.clone().unwrap_or_default(),
+                .map(|v| (v.command.clone(), Duration::from_secs(v.timeout_seconds))),
+            context: t.context.clone(),
             base_commit: base,
             resume_from,
             attempt,
@@ -344,13 +321,9 @@ impl Rush {
     }
 
     /// Checks that a report comes from the task's current lease (the fencing token).
-    pub(super) fn check_lease(
-        &self,
-        r: &v1::WorkerRef,
-        task_id: &str,
-        lease_id: &str,
-    ) -> Result<(), SupervisorError> {
+    pub(super) fn check_lease(&self, r: &Caller, lease: &LeaseRef) -> Result<(), SupervisorError> {
         self.check_generation(r)?;
+        let (task_id, lease_id) = (lease.task_id.as_str(), lease.lease_id.as_str());
         let revoked = Revocation::Lease(lease_id.to_string());
         let ts = self.doc.tasks.get(task_id).ok_or_else(|| {
             SupervisorError::revoked(
@@ -363,7 +336,7 @@ impl Rush {
         })?;
         if ts.lease_id.as_deref() != Some(lease_id)
             || ts.status != TaskStatus::InProgress
-            || ts.worker_id != Some(r.worker_id)
+            || ts.worker_id != Some(r.worker)
         {
             return Err(SupervisorError::revoked(
                 revoked,
@@ -380,19 +353,17 @@ impl Rush {
     /// A heartbeat from a worker's work loop.
     pub fn on_heartbeat(
         &mut self,
-        req: v1::HeartbeatRequest,
+        req: Beat,
         now: Instant,
         wall: SystemTime,
     ) -> Result<(), SupervisorError> {
-        let r = req.worker.clone().unwrap_or_default();
-        self.check_generation(&r)?;
-        if !req.lease_id.is_empty() {
-            self.check_lease(&r, &req.task_id, &req.lease_id)?;
+        let r = &req.caller;
+        self.check_generation(r)?;
+        if let Some(lease) = &req.lease {
+            self.check_lease(r, lease)?;
         }
-        let step = crate::wire::step_from_wire(req.step).ok_or_else(|| {
-            SupervisorError::invalid_argument(format!("step: {} is not a known step", req.step))
-        })?;
-        let w = r.worker_id;
+        let step = req.step;
+        let w = r.worker;
         self.touch(w, now, wall);
         let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
@@ -401,7 +372,7 @@ impl Rush {
             ws.progress_pct = req.progress_pct.min(100);
         }
         if recovered {
-            let status = if req.lease_id.is_empty() {
+            let status = if req.lease.is_none() {
                 WorkerStatus::Ready
             } else {
                 WorkerStatus::Running
@@ -416,8 +387,8 @@ impl Rush {
                 json!({"worker_id": w}),
             );
         }
-        if !req.lease_id.is_empty()
-            && let Some(trt) = self.rt_tasks.get_mut(&req.task_id)
+        if let Some(lease) = &req.lease
+            && let Some(trt) = self.rt_tasks.get_mut(&lease.task_id)
         {
             // Only evidence of work refreshes the task's progress deadline: new output from
             // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
@@ -430,7 +401,7 @@ impl Rush {
                 trt.last_step = Some(step);
             }
             if started {
-                let t = req.task_id.clone();
+                let t = lease.task_id.clone();
                 self.event(
                     wall,
                     Source::Worker(w),
@@ -448,16 +419,16 @@ impl Rush {
     /// checkpoint's WIP commit), or why the report is refused outright.
     pub fn commit_check(
         &self,
-        r: &v1::WorkerRef,
-        task_id: &str,
-        lease_id: &str,
+        r: &Caller,
+        lease: &LeaseRef,
     ) -> Result<CommitCheck, SupervisorError> {
-        self.check_lease(r, task_id, lease_id)?;
+        self.check_lease(r, lease)?;
+        let task_id = lease.task_id.as_str();
         let ts = &self.doc.tasks[task_id];
         Ok(CommitCheck {
             repo: self.paths.repo.clone(),
-            worker: r.worker_id,
-            branch: worker_branch(self.feature(), r.worker_id),
+            worker: r.worker,
+            branch: worker_branch(self.feature(), r.worker),
             base: ts.base_commit.clone().unwrap_or_default(),
             protected: format!(".gsd/specs/{}", self.feature()),
             container: self.doc.rush.mode == Mode::Container,
@@ -470,18 +441,17 @@ impl Rush {
     /// backoff, up to the retry limit) and the worker is told its lease is over.
     pub fn refuse_commit(
         &mut self,
-        req: &v1::CompleteRequest,
+        req: &Completion,
         why: &str,
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
     ) -> SupervisorError {
-        let r = req.worker.clone().unwrap_or_default();
-        let task_id = req.task_id.as_str();
-        if let Err(e) = self.check_lease(&r, task_id, &req.lease_id) {
+        let task_id = req.lease.task_id.as_str();
+        if let Err(e) = self.check_lease(&req.caller, &req.lease) {
             return e;
         }
-        let w = r.worker_id;
+        let w = req.caller.worker;
         self.touch(w, now, wall);
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
@@ -535,7 +505,7 @@ impl Rush {
     }
 
     /// Keeps the tier results of a slot's last attempt for its progress file.
-    pub(super) fn record_tiers(&mut self, w: u32, task_id: &str, tiers: &[v1::TierResult]) {
+    pub(super) fn record_tiers(&mut self, w: u32, task_id: &str, tiers: &[TierOutcome]) {
         let retry = self
             .doc
             .tasks
@@ -551,18 +521,18 @@ impl Rush {
     /// A worker committed its task.
     pub fn on_complete(
         &mut self,
-        req: v1::CompleteRequest,
+        req: Completion,
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
     ) -> Result<(), SupervisorError> {
-        let r = req.worker.clone().unwrap_or_default();
-        self.check_lease(&r, &req.task_id, &req.lease_id)?;
-        let w = r.worker_id;
+        self.check_lease(&req.caller, &req.lease)?;
+        let w = req.caller.worker;
+        let task_id = req.lease.task_id.clone();
         self.touch(w, now, wall);
-        self.record_tiers(w, &req.task_id, &req.tiers);
-        let ts = self.doc.tasks.get_mut(&req.task_id).expect("checked");
-        ts.cost_usd += req.cost_usd.max(0.0);
+        self.record_tiers(w, &task_id, &req.tiers);
+        let ts = self.doc.tasks.get_mut(&task_id).expect("checked");
+        ts.cost_usd += req.cost_usd;
         ts.status = TaskStatus::Complete;
         ts.commit = Some(req.commit.clone());
         ts.completed_at = Some(iso_millis(wall));
@@ -571,7 +541,7 @@ impl Rush {
         ts.error = None;
         ts.resume_from = None;
         ts.out_of_scope = req.out_of_scope.clone();
-        self.rt_tasks.remove(&req.task_id);
+        self.rt_tasks.remove(&task_id);
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.accepted_head = req.commit.clone();
             ws.tasks_completed += 1;
@@ -584,13 +554,12 @@ impl Rush {
             Source::Worker(w),
             Level::Info,
             "task_complete",
-            format!("Worker {w} completed task {} ({})", req.task_id, req.commit.chars().take(10).collect::<String>()),
-            json!({"task_id": req.task_id, "worker_id": w, "commit": req.commit, "duration_ms": req.duration_ms}),
+            format!("Worker {w} completed task {task_id} ({})", req.commit.get(..10).unwrap_or(&req.commit)),
+            json!({"task_id": task_id, "worker_id": w, "commit": req.commit, "duration_ms": req.duration_ms}),
         );
         if !req.out_of_scope.is_empty() {
             let warning = format!(
-                "task {} changed files outside its ownership: {}",
-                req.task_id,
+                "task {task_id} changed files outside its ownership: {}",
                 req.out_of_scope.join(", ")
             );
             self.event(
@@ -599,7 +568,7 @@ impl Rush {
                 Level::Warn,
                 "task_out_of_scope",
                 warning,
-                json!({"task_id": req.task_id, "files": req.out_of_scope}),
+                json!({"task_id": task_id, "files": req.out_of_scope}),
             );
         }
         self.check_level_done(now, wall, fx);
@@ -610,19 +579,18 @@ impl Rush {
     /// A worker reports a task that did not finish.
     pub fn on_fail(
         &mut self,
-        req: v1::FailRequest,
+        req: Failure,
         now: Instant,
         wall: SystemTime,
         fx: &mut Effects,
     ) -> Result<(), SupervisorError> {
-        let r = req.worker.clone().unwrap_or_default();
-        self.check_lease(&r, &req.task_id, &req.lease_id)?;
-        let w = r.worker_id;
+        self.check_lease(&req.caller, &req.lease)?;
+        let w = req.caller.worker;
+        let t = req.lease.task_id.clone();
         self.touch(w, now, wall);
-        self.record_tiers(w, &req.task_id, &req.tiers);
-        let t = req.task_id.clone();
+        self.record_tiers(w, &t, &req.tiers);
         if let Some(ts) = self.doc.tasks.get_mut(&t) {
-            ts.cost_usd += req.cost_usd.max(0.0);
+            ts.cost_usd += req.cost_usd;
         }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
             ws.current_task = None;
@@ -630,7 +598,7 @@ impl Rush {
             ws.step = Some(Step::Idle);
         }
         // An unknown kind is an ordinary failed attempt.
-        let kind: Option<FailKind> = crate::wire::fail_kind_from_wire(req.kind);
+        let kind = req.kind;
         match kind {
             Some(FailKind::RateLimited) => {
                 let until = if req.retry_at_ms > unix_millis(wall) {
@@ -654,8 +622,7 @@ impl Rush {
             }
             Some(FailKind::Checkpoint) => {
                 if let Some(ts) = self.doc.tasks.get_mut(&t) {
-                    ts.resume_from =
-                        (!req.checkpoint_commit.is_empty()).then(|| req.checkpoint_commit.clone());
+                    ts.resume_from = req.checkpoint.clone();
                 }
                 self.requeue(&t, "checkpoint", wall);
             }
@@ -683,31 +650,30 @@ impl Rush {
     /// An escalation from a worker.
     pub fn on_escalate(
         &mut self,
-        req: v1::EscalateRequest,
+        req: EscalationReport,
         wall: SystemTime,
         fx: &mut Effects,
     ) -> Result<(), SupervisorError> {
-        let r = req.worker.clone().unwrap_or_default();
-        self.check_generation(&r)?;
-        let esc = v1::Escalation {
-            worker_id: r.worker_id,
+        let r = &req.caller;
+        self.check_generation(r)?;
+        let esc = Escalation {
+            worker_id: r.worker,
             task_id: req.task_id.clone(),
             category: req.category.clone(),
             message: req.message.clone(),
             timestamp: iso_millis(wall),
-            resolved: false,
             context_json: req.context_json.clone(),
         };
         self.escalations.push(esc.clone());
         fx.escalations.push(esc);
         self.event(
             wall,
-            Source::Worker(r.worker_id),
+            Source::Worker(r.worker),
             Level::Warn,
             "escalation_created",
             format!(
                 "ESCALATION from Worker {} on {} [{}]: {}",
-                r.worker_id, req.task_id, req.category, req.message
+                r.worker, req.task_id, req.category, req.message
             ),
             json!({"task_id": req.task_id, "category": req.category, "message": req.message}),
         );

@@ -1,5 +1,11 @@
 //! Conversions between the supervisor's domain types ([`crate::domain`]) and the wire's
-//! (`zerg_proto::v1`), in one place.
+//! (`zerg_proto::v1`), in one place: requests are checked and bounded here
+//! ([`worker`], [`control`]) and replies built here ([`status`]), so the supervisor never
+//! handles a wire message.
+
+pub mod control;
+pub mod status;
+pub mod worker;
 
 use zerg_proto::WireName;
 use zerg_proto::v1;

@@ -1,0 +1,274 @@
+//! What workers and zergctl ask of the supervisor, and what it answers, as domain values.
+//!
+//! The wire messages (`zerg_proto::v1`) stop at the edge: [`crate::wire`] turns each request
+//! into one of these types, checking and bounding every field on the way (a worker is treated
+//! as possibly hostile), and turns the answers back into replies. The supervisor and the rush
+//! state machine see only what is here.
+
+use std::time::Duration;
+
+use crate::domain::{FailKind, Mode, Step};
+
+/// Who a worker call says it comes from. [`crate::supervisor::rush::Rush::authorize`] checks
+/// it against the socket it arrived on and the token it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The rush the worker belongs to.
+    pub rush_id: String,
+    /// The worker's slot.
+    pub worker: u32,
+    /// The slot's spawn generation.
+    pub generation: u64,
+}
+
+/// A task lease as a worker names it: the task and the fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    /// Task id.
+    pub task_id: String,
+    /// Lease id (`<task id>#<n>`).
+    pub lease_id: String,
+}
+
+/// A worker announces itself.
+#[derive(Debug, Clone)]
+pub struct Register {
+    /// Who.
+    pub caller: Caller,
+    /// Its process id, as it sees it.
+    pub pid: i32,
+    /// The lease it still holds, when it re-registers after zergd restarted.
+    pub held: Option<LeaseRef>,
+}
+
+/// One verification tier as the worker runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierSpec {
+    /// 1, 2 or 3.
+    pub tier: u32,
+    /// "syntax", "correctness" or "quality".
+    pub name: &'static str,
+    /// `None` means the task's own verification command.
+    pub command: Option<String>,
+    /// Whether a failure fails the task.
+    pub blocking: bool,
+    /// Time limit.
+    pub timeout: Duration,
+}
+
+/// What a registered worker is told.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// The agent command as an argv list; the prompt goes last.
+    pub agent_command: Vec<String>,
+    /// Time limit of one agent run.
+    pub agent_timeout: Duration,
+    /// How often to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// The verification tiers.
+    pub tiers: Vec<TierSpec>,
+    /// Feature context for prompts.
+    pub spec_context: String,
+    /// Feature name.
+    pub feature: String,
+    /// Tasks in the graph.
+    pub tasks_total: u32,
+}
+
+/// A task handed to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// The fencing token of this attempt.
+    pub lease_id: String,
+    /// Task id.
+    pub task_id: String,
+    /// Title.
+    pub title: String,
+    /// Description.
+    pub description: String,
+    /// Level.
+    pub level: u32,
+    /// Files the task creates, modifies and reads.
+    pub files: zerg_proto::graph::Files,
+    /// The task's own verification command and its time limit.
+    pub verification: Option<(String, Duration)>,
+    /// Replaces the feature context in the prompt when set.
+    pub context: Option<String>,
+    /// The commit the worktree is reset to first.
+    pub base_commit: String,
+    /// A checkpoint commit to resume from.
+    pub resume_from: Option<String>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Acceptance criteria.
+    pub acceptance_criteria: Vec<String>,
+}
+
+/// The answer to a lease request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseOutcome {
+    /// Run this task.
+    Task(Box<Assignment>),
+    /// Nothing left for this worker: exit.
+    Done {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One heartbeat.
+#[derive(Debug, Clone)]
+pub struct Beat {
+    /// Who.
+    pub caller: Caller,
+    /// The lease being worked on, if any.
+    pub lease: Option<LeaseRef>,
+    /// What the worker is doing.
+    pub step: Step,
+    /// 0..=100.
+    pub progress_pct: u32,
+    /// Unix milliseconds of the agent CLI's last output; 0 if none yet.
+    pub last_output_ms: i64,
+}
+
+/// The result of one verification tier, as far as zergd keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierOutcome {
+    /// 1, 2 or 3.
+    pub tier: u32,
+    /// Its name.
+    pub name: String,
+    /// Whether it passed.
+    pub success: bool,
+}
+
+/// A committed task.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// Who.
+    pub caller: Caller,
+    /// Which lease.
+    pub lease: LeaseRef,
+    /// The task's commit (a full object id).
+    pub commit: String,
+    /// Tier results.
+    pub tiers: Vec<TierOutcome>,
+    /// Changed files outside the task's ownership.
+    pub out_of_scope: Vec<String>,
+    /// How long the attempt took.
+    pub duration_ms: u64,
+    /// What the agent CLI reported it cost (0 when unknown).
+    pub cost_usd: f64,
+}
+
+/// A task that did not finish.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// Who.
+    pub caller: Caller,
+    /// Which lease.
+    pub lease: LeaseRef,
+    /// Why; `None` for a kind this zergd does not know (an ordinary failed attempt).
+    pub kind: Option<FailKind>,
+    /// What happened, with the output's tail.
+    pub message: String,
+    /// Tier results.
+    pub tiers: Vec<TierOutcome>,
+    /// For a rate limit: Unix milliseconds of the reset, 0 if unknown.
+    pub retry_at_ms: i64,
+    /// For a checkpoint: the WIP commit to resume from.
+    pub checkpoint: Option<String>,
+    /// What the agent CLI reported it cost (0 when unknown).
+    pub cost_usd: f64,
+}
+
+/// An escalation left by the agent CLI.
+#[derive(Debug, Clone)]
+pub struct EscalationReport {
+    /// Who.
+    pub caller: Caller,
+    /// The task it is about.
+    pub task_id: String,
+    /// Its category.
+    pub category: String,
+    /// Its message.
+    pub message: String,
+    /// The agent's context object, as JSON text (checked to parse).
+    pub context_json: String,
+}
+
+/// An escalation as zergd keeps and shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Escalation {
+    /// The worker that raised it.
+    pub worker_id: u32,
+    /// Its task.
+    pub task_id: String,
+    /// Its category.
+    pub category: String,
+    /// Its message.
+    pub message: String,
+    /// When (RFC 3339).
+    pub timestamp: String,
+    /// The agent's context object, as JSON text.
+    pub context_json: String,
+}
+
+/// Which rush a zergctl command means: the repository, and a feature name or `""` for the
+/// repository's most recent rush.
+#[derive(Debug, Clone)]
+pub struct RushKey {
+    /// The repository as the client resolved it (may be empty when the client is outside any
+    /// repository; then the feature name alone must pick the rush).
+    pub repo: String,
+    /// Feature name, or empty.
+    pub feature: String,
+}
+
+/// Start (or resume) a rush.
+#[derive(Debug, Clone)]
+pub struct StartRush {
+    /// Repository.
+    pub repo: String,
+    /// Feature name.
+    pub feature: String,
+    /// Worker count (1..=64).
+    pub workers: u32,
+    /// The mode asked for; `None` keeps a resumed rush's own, or means subprocess.
+    pub mode: Option<Mode>,
+}
+
+/// What starting a rush did.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The rush's id.
+    pub rush_id: String,
+    /// Config and graph warnings.
+    pub warnings: Vec<String>,
+    /// Whether an existing rush was resumed.
+    pub resumed: bool,
+    /// Where its workers run.
+    pub mode: Mode,
+    /// How many workers it runs with.
+    pub workers: u32,
+}
+
+/// Stop a rush.
+#[derive(Debug, Clone)]
+pub struct StopRush {
+    /// Which.
+    pub key: RushKey,
+    /// Kill at once instead of draining.
+    pub force: bool,
+}
+
+/// Requeue failed or blocked tasks.
+#[derive(Debug, Clone)]
+pub struct RetryTasks {
+    /// Which rush.
+    pub key: RushKey,
+    /// Empty means every failed or blocked task.
+    pub task_ids: Vec<String>,
+    /// Also reset attempt counters.
+    pub reset: bool,
+}

@@ -1,0 +1,105 @@
+//! zergctl's requests, checked on the way in, and the replies built from the supervisor's
+//! answers.
+
+use zerg_proto::v1;
+
+use crate::calls::{RetryTasks, RushKey, StartRush, Started, StopRush};
+use crate::error::SupervisorError;
+
+/// Longest repository path or feature name accepted.
+const MAX_FIELD: usize = 4096;
+/// Most task ids accepted in one retry.
+const MAX_RETRY_IDS: usize = 100_000;
+
+fn field(name: &str, s: String) -> Result<String, SupervisorError> {
+    if s.len() > MAX_FIELD {
+        return Err(SupervisorError::invalid_argument(format!(
+            "{name}: longer than {MAX_FIELD} bytes"
+        )));
+    }
+    Ok(s)
+}
+
+fn key(repo: String, feature: String) -> Result<RushKey, SupervisorError> {
+    Ok(RushKey {
+        repo: field("repo", repo)?,
+        feature: field("feature", feature)?,
+    })
+}
+
+impl TryFrom<v1::RushRequest> for StartRush {
+    type Error = SupervisorError;
+    fn try_from(r: v1::RushRequest) -> Result<Self, SupervisorError> {
+        let mode = super::mode_from_wire(r.mode).map_err(|raw| {
+            SupervisorError::invalid_argument(format!("mode: {raw} is not subprocess or container"))
+        })?;
+        if r.workers == 0 || r.workers > 64 {
+            return Err(SupervisorError::invalid_argument(
+                "workers: must be between 1 and 64",
+            ));
+        }
+        Ok(StartRush {
+            repo: field("repo", r.repo)?,
+            feature: field("feature", r.feature)?,
+            workers: r.workers,
+            mode,
+        })
+    }
+}
+
+impl TryFrom<v1::StatusRequest> for RushKey {
+    type Error = SupervisorError;
+    fn try_from(r: v1::StatusRequest) -> Result<Self, SupervisorError> {
+        key(r.repo, r.feature)
+    }
+}
+
+impl TryFrom<v1::WatchRequest> for RushKey {
+    type Error = SupervisorError;
+    fn try_from(r: v1::WatchRequest) -> Result<Self, SupervisorError> {
+        key(r.repo, r.feature)
+    }
+}
+
+impl TryFrom<v1::StopRequest> for StopRush {
+    type Error = SupervisorError;
+    fn try_from(r: v1::StopRequest) -> Result<Self, SupervisorError> {
+        Ok(StopRush {
+            key: key(r.repo, r.feature)?,
+            force: r.force,
+        })
+    }
+}
+
+impl TryFrom<v1::RetryRequest> for RetryTasks {
+    type Error = SupervisorError;
+    fn try_from(r: v1::RetryRequest) -> Result<Self, SupervisorError> {
+        if r.task_ids.len() > MAX_RETRY_IDS {
+            return Err(SupervisorError::invalid_argument(format!(
+                "task_ids: more than {MAX_RETRY_IDS}"
+            )));
+        }
+        let task_ids = r
+            .task_ids
+            .into_iter()
+            .map(|t| field("task_ids", t))
+            .collect::<Result<_, _>>()?;
+        Ok(RetryTasks {
+            key: key(r.repo, r.feature)?,
+            task_ids,
+            reset: r.reset,
+        })
+    }
+}
+
+impl From<Started> for v1::RushReply {
+    fn from(s: Started) -> Self {
+        v1::RushReply {
+            rush_id: s.rush_id,
+            warnings: s.warnings,
+            resumed: s.resumed,
+            mode: super::state::<v1::LaunchMode>(s.mode),
+            workers: s.workers,
+        }
+    }
+}

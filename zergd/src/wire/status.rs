@@ -1,0 +1,172 @@
+//! The `RushStatus` and `RushSummary` messages, projected from a rush's state.
+
+use zerg_proto::v1;
+
+use crate::calls::Escalation;
+use crate::domain::{RushState, TaskStatus};
+use crate::supervisor::rush::{Rush, staging_branch};
+use crate::wire;
+
+/// The full status of a rush.
+pub fn rush_status(rush: &Rush) -> v1::RushStatus {
+    let d = &rush.doc;
+    let tasks = d
+        .tasks
+        .iter()
+        .map(|(id, t)| {
+            (
+                id.clone(),
+                v1::TaskStatus {
+                    status: wire::state::<v1::TaskState>(t.status),
+                    level: t.level.unwrap_or(0),
+                    worker_id: t.worker_id,
+                    attempts: t.retry_count
+                        + u32::from(
+                            t.status == TaskStatus::InProgress || t.status == TaskStatus::Complete,
+                        ),
+                    error: t.error.clone().unwrap_or_default(),
+                    title: t.title.clone(),
+                    commit: t.commit.clone().unwrap_or_default(),
+                    out_of_scope: t.out_of_scope.clone(),
+                    blocked_by: t.blocked_by.clone(),
+                    crashes: t.crashes,
+                    next_retry_at: t.next_retry_at.clone().unwrap_or_default(),
+                    cost_usd: t.cost_usd,
+                },
+            )
+        })
+        .collect();
+    let workers = d
+        .workers
+        .iter()
+        .map(|(id, w)| {
+            (
+                id.clone(),
+                v1::WorkerStatus {
+                    status: wire::state::<v1::WorkerState>(w.status),
+                    current_task: w.current_task.clone().unwrap_or_default(),
+                    last_heartbeat: w.health_check_at.clone().unwrap_or_default(),
+                    step: w.step.map(|s| wire::step_to_wire(s) as i32).unwrap_or(0),
+                    progress_pct: w.progress_pct,
+                    pid: w.pid,
+                    container_id: w.container_id.clone().unwrap_or_default(),
+                    respawns: w.respawns,
+                    spawn_failures: w.spawn_failures,
+                    last_exit: w.last_exit.clone().unwrap_or_default(),
+                    reason: w.reason.clone().unwrap_or_default(),
+                    tasks_completed: w.tasks_completed,
+                    branch: w.branch.clone(),
+                },
+            )
+        })
+        .collect();
+    let graph_levels = rush.graph.levels();
+    let levels = graph_levels
+        .iter()
+        .map(|(l, ts)| {
+            let ls = d.levels.get(&l.to_string()).cloned().unwrap_or_default();
+            (
+                l.to_string(),
+                v1::LevelStatus {
+                    status: wire::state::<v1::LevelState>(ls.status),
+                    merge_status: wire::state::<v1::MergeState>(ls.merge_status),
+                    merge_commit: ls.merge_commit.unwrap_or_default(),
+                    conflicts: ls.conflicts,
+                    tasks: ts.len() as u32,
+                    complete: ts
+                        .iter()
+                        .filter(|t| {
+                            d.tasks
+                                .get(&t.id)
+                                .is_some_and(|x| x.status == TaskStatus::Complete)
+                        })
+                        .count() as u32,
+                },
+            )
+        })
+        .collect();
+    let r = &d.rush.resilience;
+    let rate_limited_until = if d.rush.rate_limited_until_ms > 0 {
+        crate::clock::iso_millis(crate::clock::from_unix_millis(d.rush.rate_limited_until_ms))
+    } else {
+        String::new()
+    };
+    let mut warnings = d.rush.warnings.clone();
+    for (id, t) in &d.tasks {
+        if !t.out_of_scope.is_empty() {
+            warnings.push(format!(
+                "task {id} changed files outside its ownership: {}",
+                t.out_of_scope.join(", ")
+            ));
+        }
+    }
+    let report = if rush.is_terminal() && d.rush.state != RushState::Complete {
+        d.tasks
+            .iter()
+            .filter(|(_, t)| t.status != TaskStatus::Complete)
+            .map(|(id, t)| format!("{id}: {} {}", t.status, t.error.clone().unwrap_or_default()))
+            .collect()
+    } else {
+        vec![]
+    };
+    v1::RushStatus {
+        rush_id: d.rush.rush_id.clone(),
+        repo: d.rush.repo.clone(),
+        feature: d.feature.clone(),
+        state: wire::state::<v1::RushState>(d.rush.state),
+        current_level: d.current_level,
+        total_levels: rush.graph.max_level(),
+        mode: wire::state::<v1::LaunchMode>(d.rush.mode),
+        tasks,
+        workers,
+        levels,
+        reason: d.rush.reason.clone(),
+        escalations: rush.escalations.iter().map(escalation).collect(),
+        warnings,
+        resilience: Some(v1::Resilience {
+            spawn_retries: r.spawn_retries,
+            stale_detections: r.stale_detections,
+            task_reassignments: r.task_reassignments,
+            worker_respawns: r.worker_respawns,
+            reconcile_fixes: r.reconcile_fixes,
+        }),
+        rate_limited_until,
+        started_at: d.started_at.clone(),
+        finished_at: d.rush.finished_at.clone(),
+        staging_branch: staging_branch(&d.feature),
+        base_branch: d.rush.base_branch.clone(),
+        report,
+        cost_usd: d.tasks.values().map(|t| t.cost_usd).sum(),
+    }
+}
+
+/// A one-line summary of a rush for `List`.
+pub fn rush_summary(rush: &Rush) -> v1::RushSummary {
+    v1::RushSummary {
+        rush_id: rush.doc.rush.rush_id.clone(),
+        repo: rush.doc.rush.repo.clone(),
+        feature: rush.doc.feature.clone(),
+        state: wire::state::<v1::RushState>(rush.doc.rush.state),
+        tasks_total: rush.doc.tasks.len() as u32,
+        tasks_complete: rush
+            .doc
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Complete)
+            .count() as u32,
+        started_at: rush.doc.started_at.clone(),
+    }
+}
+
+/// An escalation as the wire shows it.
+pub fn escalation(e: &Escalation) -> v1::Escalation {
+    v1::Escalation {
+        worker_id: e.worker_id,
+        task_id: e.task_id.clone(),
+        category: e.category.clone(),
+        message: e.message.clone(),
+        timestamp: e.timestamp.clone(),
+        resolved: false,
+        context_json: e.context_json.clone(),
+    }
+}

@@ -1,0 +1,403 @@
+//! The worker plane's messages, checked and bounded on the way in, built on the way out.
+//!
+//! Every field a worker sends is treated as hostile: ids must look like ids, commits like full
+//! object ids, and no string or list may exceed its limit. A refusal is `InvalidArgument`
+//! naming the field, and nothing here can panic on any input.
+
+use std::time::Duration;
+
+use zerg_proto::v1;
+
+use crate::calls::{
+    Beat, Caller, Completion, EscalationReport, Failure, LeaseOutcome, LeaseRef, Register,
+    Registration, TierOutcome,
+};
+use crate::error::SupervisorError;
+
+/// Longest rush, task or lease id accepted.
+pub const MAX_ID: usize = 256;
+/// Longest free text accepted (failure messages, escalations, output tails).
+pub const MAX_TEXT: usize = 64 * 1024;
+/// Longest list of out-of-scope paths accepted.
+pub const MAX_PATHS: usize = 10_000;
+/// Longest path accepted in a list.
+pub const MAX_PATH: usize = 4096;
+/// Most tier results accepted in one report.
+pub const MAX_TIERS: usize = 16;
+/// Longest short name accepted (tier names, escalation categories).
+pub const MAX_NAME: usize = 128;
+
+fn invalid(field: &str, why: impl std::fmt::Display) -> SupervisorError {
+    SupervisorError::invalid_argument(format!("{field}: {why}"))
+}
+
+/// A printable ASCII id of at most [`MAX_ID`] bytes; `required` refuses an empty one.
+fn id(field: &str, s: String, required: bool) -> Result<String, SupervisorError> {
+    if s.is_empty() && required {
+        return Err(invalid(field, "missing"));
+    }
+    if s.len() > MAX_ID {
+        return Err(invalid(field, format!("longer than {MAX_ID} bytes")));
+    }
+    if let Some(c) = s.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(invalid(field, format!("contains {c:?}")));
+    }
+    Ok(s)
+}
+
+fn text(field: &str, s: String, max: usize) -> Result<String, SupervisorError> {
+    if s.len() > max {
+        return Err(invalid(field, format!("longer than {max} bytes")));
+    }
+    Ok(s)
+}
+
+fn commit(field: &str, s: String) -> Result<String, SupervisorError> {
+    if !crate::git::is_object_id(&s) {
+        return Err(invalid(
+            field,
+            format!(
+                "{:?} is not a full lowercase object id",
+                s.chars().take(80).collect::<String>()
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+fn caller(r: Option<v1::WorkerRef>) -> Result<Caller, SupervisorError> {
+    let r = r.ok_or_else(|| invalid("worker", "missing"))?;
+    Ok(Caller {
+        rush_id: id("worker.rush_id", r.rush_id, true)?,
+        worker: r.worker_id,
+        generation: r.generation,
+    })
+}
+
+/// A lease named by a task id and a lease id of the form `<task id>#<n>`.
+fn lease(task_id: String, lease_id: String) -> Result<LeaseRef, SupervisorError> {
+    let task_id = id("task_id", task_id, true)?;
+    let lease_id = id("lease_id", lease_id, true)?;
+    let well_formed = lease_id.rsplit_once('#').is_some_and(|(t, n)| {
+        t == task_id && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+    });
+    if !well_formed {
+        return Err(invalid(
+            "lease_id",
+            format!("{lease_id:?} is not a lease of task {task_id:?}"),
+        ));
+    }
+    Ok(LeaseRef { task_id, lease_id })
+}
+
+fn tiers(list: Vec<v1::TierResult>) -> Result<Vec<TierOutcome>, SupervisorError> {
+    if list.len() > MAX_TIERS {
+        return Err(invalid("tiers", format!("more than {MAX_TIERS} results")));
+    }
+    list.into_iter()
+        .map(|t| {
+            text("tiers.output_tail", t.output_tail, MAX_TEXT)?;
+            Ok(TierOutcome {
+                tier: t.tier,
+                name: text("tiers.name", t.name, MAX_NAME)?,
+                success: t.success,
+            })
+        })
+        .collect()
+}
+
+fn finite_cost(field: &str, c: f64) -> Result<f64, SupervisorError> {
+    if !c.is_finite() || c < 0.0 {
+        return Err(invalid(field, format!("{c} is not a cost")));
+    }
+    Ok(c)
+}
+
+impl TryFrom<v1::RegisterRequest> for Register {
+    type Error = SupervisorError;
+    fn try_from(r: v1::RegisterRequest) -> Result<Self, SupervisorError> {
+        let held = if r.held_lease_id.is_empty() {
+            None
+        } else {
+            Some(lease(r.held_task_id, r.held_lease_id)?)
+        };
+        Ok(Register {
+            caller: caller(r.worker)?,
+            pid: r.pid,
+            held,
+        })
+    }
+}
+
+/// The caller of a lease request.
+pub fn lease_caller(r: v1::LeaseRequest) -> Result<Caller, SupervisorError> {
+    caller(r.worker)
+}
+
+impl TryFrom<v1::HeartbeatRequest> for Beat {
+    type Error = SupervisorError;
+    fn try_from(r: v1::HeartbeatRequest) -> Result<Self, SupervisorError> {
+        let step = super::step_from_wire(r.step)
+            .ok_or_else(|| invalid("step", format!("{} is not a known step", r.step)))?;
+        let lease = if r.lease_id.is_empty() {
+            None
+        } else {
+            Some(lease(r.task_id, r.lease_id)?)
+        };
+        Ok(Beat {
+            caller: caller(r.worker)?,
+            lease,
+            step,
+            progress_pct: r.progress_pct.min(100),
+            last_output_ms: r.last_output_ms.max(0),
+        })
+    }
+}
+
+impl TryFrom<v1::CompleteRequest> for Completion {
+    type Error = SupervisorError;
+    fn try_from(r: v1::CompleteRequest) -> Result<Self, SupervisorError> {
+        if r.out_of_scope.len() > MAX_PATHS {
+            return Err(invalid(
+                "out_of_scope",
+                format!("more than {MAX_PATHS} paths"),
+            ));
+        }
+        let out_of_scope = r
+            .out_of_scope
+            .into_iter()
+            .map(|p| text("out_of_scope", p, MAX_PATH))
+            .collect::<Result<_, _>>()?;
+        Ok(Completion {
+            caller: caller(r.worker)?,
+            lease: lease(r.task_id, r.lease_id)?,
+            commit: commit("commit", r.commit)?,
+            tiers: tiers(r.tiers)?,
+            out_of_scope,
+            duration_ms: r.duration_ms,
+            cost_usd: finite_cost("cost_usd", r.cost_usd)?,
+        })
+    }
+}
+
+impl TryFrom<v1::FailRequest> for Failure {
+    type Error = SupervisorError;
+    fn try_from(r: v1::FailRequest) -> Result<Self, SupervisorError> {
+        let checkpoint = if r.checkpoint_commit.is_empty() {
+            None
+        } else {
+            Some(commit("checkpoint_commit", r.checkpoint_commit)?)
+        };
+        Ok(Failure {
+            caller: caller(r.worker)?,
+            lease: lease(r.task_id, r.lease_id)?,
+            kind: super::fail_kind_from_wire(r.kind),
+            message: text("message", r.message, MAX_TEXT)?,
+            tiers: tiers(r.tiers)?,
+            retry_at_ms: r.retry_at_ms.max(0),
+            checkpoint,
+            cost_usd: finite_cost("cost_usd", r.cost_usd)?,
+        })
+    }
+}
+
+impl TryFrom<v1::EscalateRequest> for EscalationReport {
+    type Error = SupervisorError;
+    fn try_from(r: v1::EscalateRequest) -> Result<Self, SupervisorError> {
+        let context_json = text("context_json", r.context_json, MAX_TEXT)?;
+        if !context_json.is_empty()
+            && let Err(e) = serde_json::from_str::<serde_json::Value>(&context_json)
+        {
+            return Err(invalid("context_json", format!("not JSON: {e}")));
+        }
+        Ok(EscalationReport {
+            caller: caller(r.worker)?,
+            task_id: id("task_id", r.task_id, true)?,
+            category: text("category", r.category, MAX_NAME)?,
+            message: text("message", r.message, MAX_TEXT)?,
+            context_json,
+        })
+    }
+}
+
+fn secs(d: Duration) -> u64 {
+    d.as_secs().max(1)
+}
+
+impl From<Registration> for v1::RegisterReply {
+    fn from(r: Registration) -> Self {
+        v1::RegisterReply {
+            agent_command: r.agent_command,
+            agent_timeout_seconds: secs(r.agent_timeout),
+            heartbeat_interval_ms: u64::try_from(r.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+            tiers: r
+                .tiers
+                .into_iter()
+                .map(|t| v1::VerificationTier {
+                    tier: t.tier,
+                    name: t.name.to_string(),
+                    command: t.command.unwrap_or_default(),
+                    blocking: t.blocking,
+                    timeout_seconds: secs(t.timeout),
+                })
+                .collect(),
+            spec_context: r.spec_context,
+            feature: r.feature,
+            tasks_total: r.tasks_total,
+        }
+    }
+}
+
+impl From<LeaseOutcome> for v1::LeaseReply {
+    fn from(o: LeaseOutcome) -> Self {
+        let outcome = match o {
+            LeaseOutcome::Done { reason } => v1::lease_reply::Outcome::Done(v1::Done { reason }),
+            LeaseOutcome::Task(a) => {
+                let a = *a;
+                let (verification_command, timeout) = a
+                    .verification
+                    .unwrap_or((String::new(), Duration::from_secs(30)));
+                v1::lease_reply::Outcome::Task(v1::Task {
+                    lease_id: a.lease_id,
+                    id: a.task_id,
+                    title: a.title,
+                    description: a.description,
+                    level: a.level,
+                    files_create: a.files.create,
+                    files_modify: a.files.modify,
+                    files_read: a.files.read,
+                    verification_command,
+                    verification_timeout_seconds: timeout.as_secs(),
+                    context: a.context.unwrap_or_default(),
+                    base_commit: a.base_commit,
+                    resume_from: a.resume_from.unwrap_or_default(),
+                    attempt: a.attempt,
+                    acceptance_criteria: a.acceptance_criteria,
+                })
+            }
+        };
+        v1::LeaseReply {
+            outcome: Some(outcome),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Option<v1::WorkerRef> {
+        Some(v1::WorkerRef {
+            rush_id: "demo-1".into(),
+            worker_id: 1,
+            generation: 2,
+        })
+    }
+
+    fn complete() -> v1::CompleteRequest {
+        v1::CompleteRequest {
+            worker: me(),
+            lease_id: "T1#1".into(),
+            task_id: "T1".into(),
+            commit: "a".repeat(40),
+            ..Default::default()
+        }
+    }
+
+    fn refused<T>(r: Result<T, SupervisorError>, field: &str) {
+        match r {
+            Ok(_) => panic!("{field}: accepted"),
+            Err(e) => assert!(
+                e.message().starts_with(&format!("{field}:")),
+                "{field}: {}",
+                e.message()
+            ),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_report_converts() {
+        let c = Completion::try_from(complete()).unwrap();
+        assert_eq!(c.caller.worker, 1);
+        assert_eq!(c.lease.lease_id, "T1#1");
+    }
+
+    #[test]
+    fn hostile_fields_are_refused_by_name() {
+        refused(
+            Completion::try_from(v1::CompleteRequest {
+                worker: None,
+                ..complete()
+            }),
+            "worker",
+        );
+        for bad in ["", "é".repeat(20).as_str(), "ABCDEF", &"a".repeat(41)] {
+            refused(
+                Completion::try_from(v1::CompleteRequest {
+                    commit: bad.into(),
+                    ..complete()
+                }),
+                "commit",
+            );
+        }
+        for bad in ["T2#1", "T1", "T1#", "T1#x", "T1 #1"] {
+            refused(
+                Completion::try_from(v1::CompleteRequest {
+                    lease_id: bad.into(),
+                    ..complete()
+                }),
+                "lease_id",
+            );
+        }
+        refused(
+            Completion::try_from(v1::CompleteRequest {
+                task_id: "x".repeat(MAX_ID + 1),
+                lease_id: format!("{}#1", "x".repeat(MAX_ID + 1)),
+                ..complete()
+            }),
+            "task_id",
+        );
+        refused(
+            Completion::try_from(v1::CompleteRequest {
+                out_of_scope: vec![String::new(); MAX_PATHS + 1],
+                ..complete()
+            }),
+            "out_of_scope",
+        );
+        refused(
+            Completion::try_from(v1::CompleteRequest {
+                cost_usd: f64::NAN,
+                ..complete()
+            }),
+            "cost_usd",
+        );
+        refused(
+            Failure::try_from(v1::FailRequest {
+                worker: me(),
+                task_id: "T1".into(),
+                lease_id: "T1#1".into(),
+                message: "m".repeat(MAX_TEXT + 1),
+                ..Default::default()
+            }),
+            "message",
+        );
+        refused(
+            EscalationReport::try_from(v1::EscalateRequest {
+                worker: me(),
+                task_id: "T1".into(),
+                context_json: "{not json".into(),
+                ..Default::default()
+            }),
+            "context_json",
+        );
+        refused(
+            Beat::try_from(v1::HeartbeatRequest {
+                worker: me(),
+                step: 99,
+                ..Default::default()
+            }),
+            "step",
+        );
+    }
+}
