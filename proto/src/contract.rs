@@ -185,6 +185,35 @@ impl Revocation {
     }
 }
 
+/// The largest values zergd accepts in a worker's call; the agent keeps what it sends within
+/// them, and zergd refuses anything larger with `InvalidArgument` naming the field.
+pub mod limits {
+    /// Longest rush, task or lease id.
+    pub const MAX_ID: usize = 256;
+    /// Longest free text: failure messages, escalation messages and context, output tails.
+    pub const MAX_TEXT: usize = 64 * 1024;
+    /// Longest list of out-of-scope paths.
+    pub const MAX_PATHS: usize = 10_000;
+    /// Longest path in such a list.
+    pub const MAX_PATH: usize = 4096;
+    /// Most tier results in one report.
+    pub const MAX_TIERS: usize = 16;
+    /// Longest short name: tier names, escalation categories.
+    pub const MAX_NAME: usize = 128;
+
+    /// `s` cut to at most `max` bytes, at a character boundary.
+    pub fn clip(s: &str, max: usize) -> &str {
+        if s.len() <= max {
+            return s;
+        }
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        &s[..end]
+    }
+}
+
 /// What the `zerg-worker` image provides, and how a worker container is laid out.
 pub mod image {
     /// The image used when the rush config names none.

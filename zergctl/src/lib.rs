@@ -107,9 +107,9 @@ pub enum Command {
     Retry {
         /// Feature.
         feature: String,
-        /// Tasks to requeue [default: every failed or blocked task].
+        /// Tasks to requeue [default: every failed, blocked or waiting-to-retry task].
         tasks: Vec<String>,
-        /// Also reset the attempt counters.
+        /// Also reset the attempt and crash counters.
         #[arg(long)]
         reset: bool,
         /// Repository [default: the current directory].
@@ -133,7 +133,7 @@ pub enum Command {
         #[arg(long)]
         repo: Option<PathBuf>,
     },
-    /// Check a task graph offline and list every problem (exit 0 valid, 1 invalid).
+    /// Check a task graph offline and list every problem (exit 0 valid, 1 invalid, 65 unreadable).
     Validate {
         /// A task-graph.json path, or a feature name in the current repository.
         target: String,

@@ -472,7 +472,7 @@ impl<'de> Deserialize<'de> for ByteSize {
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
                 match i64::try_from(v) {
                     Ok(n) if n > 0 => Ok(ByteSize(n)),
-                    _ => Err(E::custom(format!("{v} is not a positive size"))),
+                    _ => Err(E::custom(format!("'{v}' must be positive"))),
                 }
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {

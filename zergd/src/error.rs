@@ -106,6 +106,18 @@ impl From<SupervisorError> for Status {
     }
 }
 
+/// An error and every cause under it, as one line: `op path: cause: cause`.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

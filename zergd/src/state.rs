@@ -341,6 +341,13 @@ impl StateStore {
     /// Loads the document, falling back to the backup if the main file is corrupt.
     /// Returns `Ok(None)` when there is no state file.
     pub fn load(&self) -> Result<Option<StateDoc>, StoreError> {
+        Ok(self.load_noting_backup()?.map(|(d, _)| d))
+    }
+
+    /// [`StateStore::load`], also saying why the backup was used when it was: a corrupt,
+    /// truncated or empty state file falls back to `<feature>.json.bak`, the previous
+    /// generation. A file from a newer zergd is refused, never replaced by an older backup.
+    pub fn load_noting_backup(&self) -> Result<Option<(StateDoc, Option<String>)>, StoreError> {
         let path = self.path();
         let primary = match fs::read(&path) {
             Ok(b) => b,
@@ -348,13 +355,18 @@ impl StateStore {
             Err(e) => return Err(io("read", &path)(e)),
         };
         match parse_doc(&primary, &path) {
-            Ok(d) => Ok(Some(d)),
+            Ok(d) => Ok(Some((d, None))),
             Err(StoreError::Corrupt { message, .. }) => {
                 let bak = self.dir.join(format!("{}.json.bak", self.feature));
                 match fs::read(&bak).ok().map(|b| parse_doc(&b, &bak)) {
                     Some(Ok(d)) => {
-                        tracing::warn!(path = %path.display(), %message, "state file corrupt; using backup");
-                        Ok(Some(d))
+                        let note = format!(
+                            "{} was corrupt ({message}); resumed from the previous generation, {}",
+                            path.display(),
+                            bak.display()
+                        );
+                        tracing::warn!("{note}");
+                        Ok(Some((d, Some(note))))
                     }
                     _ => Err(StoreError::Corrupt { path, message }),
                 }
@@ -457,13 +469,38 @@ pub struct RegistryEntry {
 }
 
 impl Registry {
-    /// Loads the registry; a missing or unreadable file gives an empty one (the state files in
-    /// each repo remain the source of truth).
+    /// Loads the registry. A corrupt file falls back to its backup (`rushes.json.bak`); with
+    /// neither, the registry starts empty and says so (the state files in each repository
+    /// remain the source of truth for the rushes themselves).
     pub fn load(path: &Path) -> Registry {
-        fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        let parse = |p: &Path| -> Result<Option<Registry>, String> {
+            match fs::read(p) {
+                Ok(b) => serde_json::from_slice(&b)
+                    .map(Some)
+                    .map_err(|e| format!("{}: {e}", p.display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(format!("{}: {e}", p.display())),
+            }
+        };
+        match parse(path) {
+            Ok(r) => r.unwrap_or_default(),
+            Err(why) => {
+                let mut bak = path.as_os_str().to_owned();
+                bak.push(".bak");
+                match parse(Path::new(&bak)) {
+                    Ok(Some(r)) => {
+                        tracing::warn!("the rush registry is corrupt ({why}); using its backup");
+                        r
+                    }
+                    _ => {
+                        tracing::error!(
+                            "the rush registry is corrupt ({why}) and has no usable backup; starting with none"
+                        );
+                        Registry::default()
+                    }
+                }
+            }
+        }
     }
 
     /// Saves the registry atomically.
@@ -565,6 +602,54 @@ mod tests {
         assert_eq!(store.load().unwrap().unwrap(), doc());
         fs::write(dir.path().join("f.json.bak"), b"").unwrap();
         assert!(matches!(store.load(), Err(StoreError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn truncated_empty_or_garbage_state_says_which_file_and_uses_the_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path(), "f");
+        let mut older = doc();
+        older.current_level = 1;
+        store.save(&older).unwrap();
+        let mut newer = doc();
+        newer.current_level = 2;
+        store.save(&newer).unwrap();
+        let whole = fs::read(store.path()).unwrap();
+        for bad in [&whole[..whole.len() / 2], b"", b"\0\0\0\xff", b"[1, 2"] {
+            fs::write(store.path(), bad).unwrap();
+            let (d, note) = store.load_noting_backup().unwrap().unwrap();
+            assert_eq!(d.current_level, 1, "the previous generation");
+            let note = note.expect("says it used the backup");
+            assert!(
+                note.contains("f.json was corrupt") && note.contains("f.json.bak"),
+                "{note}"
+            );
+        }
+        // With no usable backup either, the error names the file.
+        fs::write(dir.path().join("f.json.bak"), b"nope").unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert!(err.contains("f.json") && err.contains("corrupt"), "{err}");
+    }
+
+    #[test]
+    fn a_corrupt_registry_falls_back_to_its_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rushes.json");
+        let entry = |id: &str| RegistryEntry {
+            rush_id: id.into(),
+            repo: "/r".into(),
+            feature: id.into(),
+            state: RushState::Running,
+        };
+        let mut reg = Registry::default();
+        reg.rushes.push(entry("a"));
+        reg.save(&path).unwrap();
+        reg.rushes.push(entry("b"));
+        reg.save(&path).unwrap();
+        fs::write(&path, b"{\"rushes\": [").unwrap();
+        assert_eq!(Registry::load(&path).rushes, vec![entry("a")]);
+        fs::write(dir.path().join("rushes.json.bak"), b"").unwrap();
+        assert!(Registry::load(&path).rushes.is_empty());
     }
 
     #[test]

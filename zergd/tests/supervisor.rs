@@ -14,7 +14,7 @@ use zerg_proto::contract::{TOKEN_METADATA, bearer};
 use zerg_proto::transport;
 use zerg_proto::v1;
 use zerg_proto::v1::worker_client::WorkerClient;
-use zergd::calls::{RushKey, StartRush};
+use zergd::calls::{RetryTasks, RushKey, StartRush};
 use zergd::clock::SystemClock;
 use zergd::domain::Mode;
 use zergd::launcher::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
@@ -585,4 +585,120 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
     assert_eq!(st.state(), v1::RushState::Running, "{st:?}");
     let t1 = task(lease(&w1).await);
     assert_ne!(t1.id, t0.id);
+}
+
+/// A small tmpfs of the test's own, unmounted when dropped; `None` (with the reason printed)
+/// where this process may not mount one.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
+            Ok(o) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs to fill ({})",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Writes zeros into `name` until the file system is full.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path().join(name)).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// A full disk while a worker reports: the old state file survives intact, the worker is told
+/// the report was not saved, status says why and the rush holds new work; once there is space
+/// again, `retry` resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_keeps_the_old_state_pauses_the_rush_and_retry_resumes_it() {
+    let Some(fs) = Tmpfs::mount("16m") else {
+        return;
+    };
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(fs.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let _w1 = spawns.recv().await.unwrap();
+    let t0 = task(lease(&w0).await);
+    // The work is committed before the disk fills; the report comes after.
+    let wt = &w0.worktree;
+    git(wt, &["reset", "--hard", "-q", &t0.base_commit]);
+    std::fs::write(wt.join(&t0.files_create[0]), "a").unwrap();
+    git(wt, &["add", "-A"]);
+    git(wt, &["commit", "-q", "-m", "a\n\nTask-ID: F-L1-001"]);
+    let commit = git(wt, &["rev-parse", "HEAD"]);
+    let state_file = r.join(".zerg/state/f.json");
+    let before = std::fs::read(&state_file).unwrap();
+    fs.fill("filler");
+
+    let req = v1::CompleteRequest {
+        worker: me(&w0),
+        lease_id: t0.lease_id.clone(),
+        task_id: t0.id.clone(),
+        commit,
+        ..Default::default()
+    };
+    let err = report(&w0, req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("cannot save"), "{}", err.message());
+    let st = status(&h, &r).await;
+    assert_eq!(st.state(), v1::RushState::Paused, "{st:?}");
+    assert!(
+        st.reason.contains("cannot save the state file") && st.reason.contains("zergctl retry f"),
+        "{}",
+        st.reason
+    );
+    // What is on disk is the last state that was saved, whole.
+    let on_disk = std::fs::read(&state_file).unwrap();
+    assert_eq!(on_disk, before, "the state file is untouched");
+    let doc: serde_json::Value = serde_json::from_slice(&on_disk).unwrap();
+    assert_eq!(doc["tasks"][&t0.id]["status"], "in_progress");
+
+    // Space again: retry resumes, and the state on disk catches up.
+    std::fs::remove_file(fs.path().join("filler")).unwrap();
+    let key = RushKey {
+        repo: r.to_string_lossy().into(),
+        feature: "f".into(),
+    };
+    let retry = RetryTasks {
+        key,
+        task_ids: vec![],
+        reset: false,
+    };
+    h.ask(|tx| Event::Control(ControlCmd::Retry(retry, tx)))
+        .await
+        .unwrap();
+    let st = status(&h, &r).await;
+    assert_eq!(st.state(), v1::RushState::Running, "{st:?}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    assert_eq!(doc["rush"]["state"], "running");
+    assert_eq!(doc["tasks"][&t0.id]["status"], "complete");
 }

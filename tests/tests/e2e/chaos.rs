@@ -459,3 +459,37 @@ fn a_checkpoint_exit_resumes_the_task_from_its_wip_commit() {
     // The checkpoint stays reachable under refs/zerg.
     assert!(!git(&repo.path, &["for-each-ref", "refs/zerg/cp/wip/"]).is_empty());
 }
+
+#[test]
+fn a_state_file_torn_while_zergd_was_down_resumes_from_its_backup() {
+    let repo = TestRepo::new();
+    repo.write_graph("zb", &graph_12("zb"));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script("zb", &json!({"default": [{"op": "tick", "count": 4, "interval_ms": 100}, {"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "zb", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    d.wait_for(&repo.path, "zb", T, "2 tasks complete", |s| {
+        tasks_with(s, "complete").len() >= 2
+    });
+    d.kill9();
+    // What a torn write (or a bad disk) leaves: half a file. The backup is the generation
+    // before it.
+    let state = repo.path.join(".zerg/state/zb.json");
+    let whole = std::fs::read(&state).unwrap();
+    std::fs::write(&state, &whole[..whole.len() / 3]).unwrap();
+    assert!(repo.path.join(".zerg/state/zb.json.bak").exists());
+    d.restart();
+    let st = assert_complete_exactly_once(&d, &repo, "zb");
+    let warnings = st["warnings"].to_string();
+    assert!(
+        warnings.contains("zb.json was corrupt") && warnings.contains("zb.json.bak"),
+        "status says the backup was used: {warnings}"
+    );
+    // The state file is whole again.
+    let doc: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    assert_eq!(doc["rush"]["state"], "complete");
+}

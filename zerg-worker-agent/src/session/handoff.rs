@@ -1,6 +1,7 @@
 //! Handoffs the agent CLI leaves in `$ZERG_TASK_DIR`: an escalation or a checkpoint.
 
 use super::*;
+use zerg_proto::contract::limits::{MAX_NAME, MAX_TEXT, clip};
 
 impl Session {
     pub(super) async fn escalate(&mut self, task: &v1::Task, esc: serde_json::Value) -> TaskEnd {
@@ -8,17 +9,26 @@ impl Session {
             .as_str()
             .unwrap_or("ambiguous_spec")
             .to_string();
-        let message = esc["message"].as_str().unwrap_or("").to_string();
+        let category = clip(&category, MAX_NAME).to_string();
+        let message = clip(esc["message"].as_str().unwrap_or(""), MAX_TEXT).to_string();
+        // A context too large for zergd is replaced by a note and its beginning.
+        let context_json = match esc.get("context").map(|c| c.to_string()) {
+            Some(c) if c.len() > MAX_TEXT => serde_json::json!({
+                "truncated": true,
+                "bytes": c.len(),
+                "excerpt": clip(&c, MAX_TEXT / 2),
+            })
+            .to_string(),
+            Some(c) => c,
+            None => String::new(),
+        };
         let req = v1::EscalateRequest {
             worker: Some(self.env.me()),
             lease_id: task.lease_id.clone(),
             task_id: task.id.clone(),
             category: category.clone(),
             message: message.clone(),
-            context_json: esc
-                .get("context")
-                .map(|c| c.to_string())
-                .unwrap_or_default(),
+            context_json,
         };
         if let Err(s) = retrying!(self, |c| c.escalate(req.clone())) {
             eprintln!(

@@ -417,6 +417,9 @@ impl Session {
                     .chain(&task.files_modify)
                     .any(|o| o == f)
             })
+            // Within what zergd accepts: the first paths are enough to act on.
+            .filter(|f| f.len() <= zerg_proto::contract::limits::MAX_PATH)
+            .take(zerg_proto::contract::limits::MAX_PATHS)
             .map(str::to_string)
             .collect()
     }

@@ -16,6 +16,15 @@ impl Supervisor {
             .collect();
         matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
         matches.last().map(|r| r.id().to_string()).ok_or_else(|| {
+            if let Some((_, _, why)) = self
+                .unloadable
+                .iter()
+                .find(|(r, f, _)| *r == repo_s && (feature.is_empty() || f == feature))
+            {
+                return SupervisorError::failed_precondition(format!(
+                    "zergd could not load this rush at startup: {why}"
+                ));
+            }
             if feature.is_empty() {
                 SupervisorError::not_found(format!("no rush in {repo_s}; start one with `zergctl rush FEATURE`"))
             } else {
@@ -35,7 +44,7 @@ impl Supervisor {
             // Read-your-writes: the answer goes out after the state it shows is on disk.
             ControlCmd::Status(key, reply) => match self.find(&key) {
                 Ok(id) => self.with_rush(&id, |r, fx| {
-                    fx.reply(reply, Ok(crate::wire::status::rush_status(r)))
+                    fx.report(reply, Ok(crate::wire::status::rush_status(r)))
                 }),
                 Err(e) => {
                     let _ = reply.send(Err(e));

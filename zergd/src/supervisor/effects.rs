@@ -32,9 +32,16 @@ impl Supervisor {
         ));
     }
 
-    pub(super) fn run_effects(&mut self, rush_id: &str, fx: Effects) {
+    /// Carries out what a rush asked for. `unsaved` is why its state could not be written, if
+    /// it could not: every reply then carries that error instead of its answer.
+    pub(super) fn run_effects(
+        &mut self,
+        rush_id: &str,
+        fx: Effects,
+        unsaved: Option<&SupervisorError>,
+    ) {
         for r in fx.replies {
-            r();
+            r(unsaved.cloned());
         }
         let Some(r) = self.rushes.get(rush_id) else {
             return;

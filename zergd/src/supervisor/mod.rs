@@ -227,6 +227,8 @@ impl Launchers {
 pub struct Supervisor {
     rushes: HashMap<String, Rush>,
     preparing: HashSet<(String, String)>,
+    /// Rushes of the registry whose state could not be loaded at startup: (repo, feature, why).
+    unloadable: Vec<(String, String, String)>,
     watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -260,6 +262,7 @@ impl Supervisor {
         Supervisor {
             rushes: HashMap::new(),
             preparing: HashSet::new(),
+            unloadable: Vec::new(),
             watchers: HashMap::new(),
             launchers: Launchers {
                 subprocess,
@@ -335,13 +338,26 @@ impl Supervisor {
     fn flush(&mut self) {
         let pending = std::mem::take(&mut self.pending);
         let mut changed_registry = false;
+        let mut unsaved: HashMap<String, SupervisorError> = HashMap::new();
+        let wall = self.clock.wall();
         for r in self.rushes.values_mut() {
             if r.dirty {
                 let store = StateStore::new(&r.paths.state_dir, &r.doc.feature);
-                if let Err(e) = store.save(&r.doc) {
-                    tracing::error!(error = %e, rush = %r.id(), "cannot save state");
-                }
                 r.dirty = false;
+                if let Err(e) = store.save(&r.doc) {
+                    // The file on disk still holds the previous state (every save writes a new
+                    // temp file; a failed one never replaces it). Hold new work, say why, and
+                    // try again with the next change.
+                    let why = crate::error::chain(&e);
+                    tracing::error!(error = %why, rush = %r.id(), "cannot save state");
+                    r.storage_failed(&why, wall);
+                    unsaved.insert(
+                        r.id().to_string(),
+                        SupervisorError::unavailable(format!(
+                            "zergd cannot save the rush's state, so nothing was changed on disk: {why}"
+                        )),
+                    );
+                }
                 // Monitor lines go out once the state they describe is on disk.
                 if !r.events.is_empty() {
                     let m = self
@@ -372,7 +388,8 @@ impl Supervisor {
             self.save_registry();
         }
         for (id, fx) in pending {
-            self.run_effects(&id, fx);
+            let e = unsaved.get(&id);
+            self.run_effects(&id, fx, e);
         }
     }
 

@@ -15,14 +15,20 @@ impl Supervisor {
         for e in reg.rushes {
             let repo = PathBuf::from(&e.repo);
             let store = StateStore::new(&repo.join(".zerg").join("state"), &e.feature);
-            let doc = match store.load() {
-                Ok(Some(d)) if d.rush.rush_id == e.rush_id => d,
+            let (mut doc, note) = match store.load_noting_backup() {
+                Ok(Some((d, note))) if d.rush.rush_id == e.rush_id => (d, note),
                 Ok(_) => continue,
                 Err(err) => {
                     tracing::error!(error = %err, feature = %e.feature, "cannot load rush state; skipping");
+                    // zergctl status names the file and the problem instead of "no rush".
+                    self.unloadable
+                        .push((e.repo.clone(), e.feature.clone(), err.to_string()));
                     continue;
                 }
             };
+            if let Some(note) = &note {
+                doc.rush.warnings.push(note.clone());
+            }
             let (graph, config, paths, spec_context) = match jobs::load_snapshot(&repo, &e.feature)
             {
                 Ok(x) => x,
@@ -34,7 +40,8 @@ impl Supervisor {
             let active = doc.rush.state.is_active();
             let mut r = Rush::new(doc, graph, config, paths, spec_context, now);
             r.escalations = load_escalations(&r);
-            r.dirty = false;
+            // Resuming from the backup rewrites the state file at once.
+            r.dirty = note.is_some();
             if active {
                 self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;

@@ -142,7 +142,7 @@ impl H {
         let mut fx = Effects::default();
         f(&mut self.r, self.now, self.wall, &mut fx);
         for reply in fx.replies.drain(..) {
-            reply();
+            reply(None);
         }
         fx
     }

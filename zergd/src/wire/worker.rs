@@ -14,18 +14,9 @@ use crate::calls::{
 };
 use crate::error::SupervisorError;
 
-/// Longest rush, task or lease id accepted.
-pub const MAX_ID: usize = 256;
-/// Longest free text accepted (failure messages, escalations, output tails).
-pub const MAX_TEXT: usize = 64 * 1024;
-/// Longest list of out-of-scope paths accepted.
-pub const MAX_PATHS: usize = 10_000;
-/// Longest path accepted in a list.
-pub const MAX_PATH: usize = 4096;
-/// Most tier results accepted in one report.
-pub const MAX_TIERS: usize = 16;
-/// Longest short name accepted (tier names, escalation categories).
-pub const MAX_NAME: usize = 128;
+pub use zerg_proto::contract::limits::{
+    MAX_ID, MAX_NAME, MAX_PATH, MAX_PATHS, MAX_TEXT, MAX_TIERS,
+};
 
 fn invalid(field: &str, why: impl std::fmt::Display) -> SupervisorError {
     SupervisorError::invalid_argument(format!("{field}: {why}"))

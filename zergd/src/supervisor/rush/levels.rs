@@ -390,6 +390,30 @@ impl Rush {
         n
     }
 
+    /// The state file could not be written (a full disk, an I/O error). The file keeps the
+    /// previous state; the rush holds new work (paused, with the reason in status) until the
+    /// user has fixed the cause and runs `zergctl retry`. Workers already running finish their
+    /// tasks. The next change tries the save again, with a new temp file.
+    pub fn storage_failed(&mut self, why: &str, wall: SystemTime) {
+        self.dirty = true;
+        if !matches!(self.state(), RushState::Running | RushState::Pending) {
+            return;
+        }
+        let reason = format!(
+            "cannot save the state file: {why}. New work is held; free space or fix the disk, then `zergctl retry {}`",
+            self.feature()
+        );
+        self.set_state(RushState::Paused, &reason);
+        self.event(
+            wall,
+            Source::Orchestrator,
+            Level::Error,
+            "state_write_failed",
+            reason,
+            json!({"error": why}),
+        );
+    }
+
     /// Requeues failed and blocked tasks (all, or the ones named) and resumes the rush.
     pub fn retry(
         &mut self,
@@ -413,7 +437,10 @@ impl Rush {
             .iter()
             .filter(|(id, t)| {
                 (ids.is_empty() || ids.contains(id))
-                    && matches!(t.status.as_str(), "failed" | "blocked" | "waiting_retry")
+                    && matches!(
+                        t.status,
+                        TaskStatus::Failed | TaskStatus::Blocked | TaskStatus::WaitingRetry
+                    )
             })
             .map(|(id, _)| id.clone())
             .collect();

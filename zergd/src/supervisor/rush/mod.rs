@@ -57,7 +57,7 @@ pub struct Effects {
     /// A level merge to run.
     pub merge: Option<MergeJob>,
     /// Replies to send once the state is saved.
-    pub replies: Vec<Box<dyn FnOnce() + Send>>,
+    pub replies: Vec<Box<dyn FnOnce(Option<SupervisorError>) + Send>>,
     /// Worktrees to remove (the rush completed).
     pub cleanup: bool,
     /// Escalations to append to `escalations.json`.
@@ -68,9 +68,26 @@ pub struct Effects {
 }
 
 impl Effects {
-    /// Queues a reply to send after the state is persisted.
-    pub fn reply<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, v: T) {
-        self.replies.push(Box::new(move || {
+    /// Queues a reply to send after the state is persisted. If the state could not be saved,
+    /// the caller gets that error instead: nobody is told what a crash could lose.
+    pub fn reply<T: Send + 'static>(
+        &mut self,
+        tx: oneshot::Sender<Result<T, SupervisorError>>,
+        v: Result<T, SupervisorError>,
+    ) {
+        self.replies.push(Box::new(move |unsaved| {
+            let _ = tx.send(match unsaved {
+                Some(e) => Err(e),
+                None => v,
+            });
+        }));
+    }
+
+    /// Queues a reply that reports state rather than changing it (status): it goes out after
+    /// the save like every reply, and still goes out when the save failed, since what it shows
+    /// (the rush held, and why) is how the user learns about the failure.
+    pub fn report<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, v: T) {
+        self.replies.push(Box::new(move |_| {
             let _ = tx.send(v);
         }));
     }
