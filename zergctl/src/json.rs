@@ -85,6 +85,10 @@ pub struct Task {
     pub next_retry_at: String,
     /// Agent cost over all attempts (USD).
     pub cost_usd: f64,
+    /// When the current or last attempt started (RFC 3339), empty if never.
+    pub started_at: String,
+    /// How long the completed attempt took (ms), 0 until complete.
+    pub duration_ms: u64,
 }
 
 /// One worker slot in [`Status`].
@@ -249,6 +253,8 @@ impl From<&v1::TaskStatus> for Task {
             crashes: t.crashes,
             next_retry_at: t.next_retry_at.clone(),
             cost_usd: t.cost_usd,
+            started_at: t.started_at.clone(),
+            duration_ms: t.duration_ms,
         }
     }
 }

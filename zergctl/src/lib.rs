@@ -138,6 +138,18 @@ pub enum Command {
         /// A task-graph.json path, or a feature name in the current repository.
         target: String,
     },
+    /// Prepare a repository: a commented `.zerg/config.yaml` with every key at its default,
+    /// `.gsd/specs/`, and `.gitignore` entries for zerg's working files. Never overwrites.
+    Init {
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Run a demo rush in a scratch repository with a scripted agent (no API key, no daemon).
     Demo {
         /// Number of workers.
@@ -251,6 +263,12 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
     let socket = zerg_proto::transport::resolve_socket(cli.socket.as_deref());
     match cli.command {
         Command::Validate { target } => cmd::validate::validate(&target),
+        Command::Init { repo } => cmd::init::run(repo),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "zergctl", &mut std::io::stdout());
+            Ok(code::OK)
+        }
         Command::Demo { workers, keep } => demo::run(workers, keep).await,
         Command::Service { print } => service::install(print),
         Command::Image {

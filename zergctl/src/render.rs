@@ -16,14 +16,40 @@ fn done_count(st: &Status) -> usize {
     st.tasks.values().filter(|t| t.status == "complete").count()
 }
 
+/// Up to this many tasks, status text lists completed tasks too (with how long each took).
+const SMALL_RUSH: usize = 50;
+
+/// How long ago an RFC 3339 timestamp was, as `4s` or `3m12s`; `-` when there is none.
+fn age(ts: &str, now: std::time::SystemTime) -> String {
+    match humantime::parse_rfc3339_weak(ts) {
+        Ok(t) => short(now.duration_since(t).unwrap_or_default()),
+        Err(_) => "-".into(),
+    }
+}
+
+/// A duration for people: `850ms`, `42s`, `3m12s`, `2h05m`.
+fn short(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        1..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
 fn bar(done: usize, total: usize, width: usize) -> String {
     let filled = (done * width).checked_div(total).unwrap_or(0);
     format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
 }
 
-/// `status` as text.
-/// Status for people.
+/// `status` as text, with ages and durations counted to the current time.
 pub fn status_text(st: &v1::RushStatus) -> String {
+    status_text_at(st, std::time::SystemTime::now())
+}
+
+/// `status` as text, with ages and durations counted to `now`.
+pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String {
     let st = &Status::from(st);
     let mut o = String::new();
     let total = st.tasks.len();
@@ -88,9 +114,9 @@ pub fn status_text(st: &v1::RushStatus) -> String {
             w.status,
             w.tasks_completed,
             if w.last_heartbeat.is_empty() {
-                "-"
+                "-".to_string()
             } else {
-                &w.last_heartbeat
+                format!("{} ago", age(&w.last_heartbeat, now))
             }
         ));
         if !w.last_exit.is_empty() {
@@ -101,10 +127,12 @@ pub fn status_text(st: &v1::RushStatus) -> String {
         }
         o.push('\n');
     }
+    // Every started task of a small rush; of a big one, those not complete.
+    let small = st.tasks.len() <= SMALL_RUSH;
     let mut not_done: Vec<(&String, &json::Task)> = st
         .tasks
         .iter()
-        .filter(|(_, t)| t.status != "complete" && t.status != "pending")
+        .filter(|(_, t)| t.status != "pending" && (small || t.status != "complete"))
         .collect();
     not_done.sort_by_key(|(id, t)| (t.level, id.to_string()));
     if !not_done.is_empty() {
@@ -116,6 +144,18 @@ pub fn status_text(st: &v1::RushStatus) -> String {
             ));
             if let Some(w) = t.worker_id {
                 o.push_str(&format!(" W{w}"));
+            }
+            if t.status == "complete" && t.duration_ms > 0 {
+                o.push_str(&format!(
+                    " took {}",
+                    short(std::time::Duration::from_millis(t.duration_ms))
+                ));
+            }
+            if t.status == "in_progress" && !t.started_at.is_empty() {
+                o.push_str(&format!(" running {}", age(&t.started_at, now)));
+            }
+            if t.cost_usd > 0.0 {
+                o.push_str(&format!(" ${:.2}", t.cost_usd));
             }
             if !t.error.is_empty() {
                 o.push_str(&format!("  {}", t.error));
@@ -236,5 +276,68 @@ impl Progress {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn status_text_shows_heartbeat_ages_and_task_durations() {
+        let now = humantime::parse_rfc3339("2026-12-01T10:00:00Z").unwrap();
+        let mut st = v1::RushStatus {
+            feature: "demo".into(),
+            ..Default::default()
+        };
+        st.workers.insert(
+            "0".into(),
+            v1::WorkerStatus {
+                current_task: "T-1".into(),
+                last_heartbeat: "2026-12-01T09:59:56.500Z".into(),
+                ..Default::default()
+            },
+        );
+        st.workers.insert("1".into(), v1::WorkerStatus::default());
+        st.tasks.insert(
+            "T-1".into(),
+            v1::TaskStatus {
+                status: v1::TaskState::InProgress as i32,
+                worker_id: Some(0),
+                attempts: 2,
+                started_at: "2026-12-01T09:58:48Z".into(),
+                ..Default::default()
+            },
+        );
+        st.tasks.insert(
+            "T-2".into(),
+            v1::TaskStatus {
+                status: v1::TaskState::Complete as i32,
+                attempts: 1,
+                duration_ms: 62_000,
+                cost_usd: 0.25,
+                ..Default::default()
+            },
+        );
+        let text = status_text_at(&st, now);
+        assert!(text.contains("hb 3s ago"), "{text}");
+        assert!(
+            text.contains("T-1") && text.contains("running 1m12s"),
+            "{text}"
+        );
+        assert!(text.contains("attempts 2"), "{text}");
+        assert!(
+            text.contains("T-2") && text.contains("took 1m02s") && text.contains("$0.25"),
+            "{text}"
+        );
+        // A worker that never sent a heartbeat has no age.
+        assert!(
+            text.lines().any(|l| l.contains("W1") && l.contains("hb -")),
+            "{text}"
+        );
+        assert_eq!(short(Duration::from_millis(850)), "850ms");
+        assert_eq!(short(Duration::from_secs(7325)), "2h02m");
+        assert_eq!(age("garbage", SystemTime::now()), "-");
     }
 }

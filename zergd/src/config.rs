@@ -502,10 +502,15 @@ pub fn parse_memory(s: &str) -> Result<i64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("'{s}' is not a size such as 4g or 512m"))?;
-    if n <= 0.0 {
+    let bytes = n * mult as f64;
+    // NaN, infinities and sizes that round to zero bytes are not sizes.
+    if !n.is_finite() || bytes.is_nan() || bytes < 1.0 {
         return Err(format!("'{s}' must be positive"));
     }
-    Ok((n * mult as f64) as i64)
+    if bytes >= i64::MAX as f64 {
+        return Err(format!("'{s}' is too large"));
+    }
+    Ok(bytes as i64)
 }
 
 /// Whether an ignored key (as `serde_ignored` names it, e.g. `workers.retry_atempts`) deserves a
@@ -538,7 +543,8 @@ mod seconds {
             }
             fn visit_f64<E: Error>(self, v: f64) -> Result<Duration, E> {
                 if v.is_finite() && v >= 0.0 {
-                    Ok(Duration::from_secs_f64(v))
+                    Duration::try_from_secs_f64(v)
+                        .map_err(|_| E::custom(format!("{v} seconds is too long for a duration")))
                 } else {
                     Err(E::custom(format!(
                         "{v} is not a number of seconds (zero or more)"
@@ -656,11 +662,51 @@ mod tests {
     }
 
     #[test]
+    fn the_config_zergctl_init_writes_is_exactly_the_defaults() {
+        let text = include_str!("../../zergctl/src/init/config.yaml");
+        let (c, warnings) = Config::parse(text, "config.yaml").unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::to_value(Config::default()).unwrap()
+        );
+        // And it names every key there is: a key added to the config is added to init's file.
+        let yaml: serde_yaml::Value = serde_yaml::from_str(text).unwrap();
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        for (section, keys) in defaults.as_object().unwrap() {
+            let Some(keys) = keys.as_object() else {
+                continue;
+            };
+            for k in keys.keys().filter(|k| !COMPAT_ONLY.contains(&k.as_str())) {
+                assert!(
+                    yaml.get(section).and_then(|s| s.get(k)).is_some(),
+                    "{section}.{k} is missing from zergctl init's config"
+                );
+            }
+        }
+    }
+
+    /// Keys accepted only so that the original's config files load; init does not write them.
+    const COMPAT_ONLY: &[&str] = &[
+        "max_concurrent",
+        "timeout_minutes",
+        "launcher_type",
+        "context_threshold_percent",
+        "task_list_id",
+        "cpu_cores",
+        "memory_gb",
+        "disk_gb",
+    ];
+
+    #[test]
     fn memory_sizes() {
         assert_eq!(parse_memory("4g").unwrap(), 4 << 30);
         assert_eq!(parse_memory("512m").unwrap(), 512 << 20);
         assert_eq!(parse_memory("1024").unwrap(), 1024);
         assert!(parse_memory("-1g").is_err());
+        for bad in ["nan", "nank", "inf", "1e-30g", "0.0001k", "1e300t"] {
+            assert!(parse_memory(bad).is_err(), "{bad}");
+        }
         // Read once, into bytes, with the key named when it is wrong.
         let (c, _) =
             Config::parse("resources: {container_memory_limit: 512m}\n", "c.yaml").unwrap();
@@ -668,6 +714,14 @@ mod tests {
         let (c, _) =
             Config::parse("resources: {container_memory_limit: 2048}\n", "c.yaml").unwrap();
         assert_eq!(c.resources.container_memory_limit, ByteSize(2048));
+        // A duration too long to represent is an error, not a panic.
+        let err = Config::parse("workers: {backoff_max_seconds: 1.0e30}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("workers.backoff_max_seconds") && err.contains("too long"),
+            "{err}"
+        );
         for bad in ["0", "-5", "0m", "'x'"] {
             let err = Config::parse(
                 &format!("resources: {{container_memory_limit: {bad}}}\n"),

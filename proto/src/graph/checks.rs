@@ -181,7 +181,16 @@ pub(super) fn check_cross_task(drafts: &[Draft], cx: &mut Collector) {
     }
 }
 
-/// Reports each dependency cycle once (found by iterative DFS; one cycle per back edge).
+/// At most this many dependency cycles are reported one by one; the others are counted in one
+/// more error, so a hostile graph with many back edges cannot make the report quadratic.
+pub(super) const MAX_REPORTED_CYCLES: usize = 10;
+
+/// A reported cycle names at most this many tasks; longer cycles are shortened in the middle.
+pub(super) const MAX_CYCLE_NAMES: usize = 20;
+
+/// Reports each dependency cycle once (found by iterative DFS; one cycle per back edge), at
+/// most [`MAX_REPORTED_CYCLES`] of them. Runs in time linear in tasks plus dependencies (plus
+/// the length of the reported cycles) and never recurses, so a 100,000-deep chain is fine.
 pub(super) fn check_cycles(drafts: &[Draft], edges: &[Vec<usize>], cx: &mut Collector) {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
@@ -190,7 +199,10 @@ pub(super) fn check_cycles(drafts: &[Draft], edges: &[Vec<usize>], cx: &mut Coll
         Done,
     }
     let mut mark = vec![Mark::New; drafts.len()];
+    // Position of each on-stack node in `stack`, so a back edge finds its cycle in O(1).
+    let mut stack_pos = vec![0usize; drafts.len()];
     let mut reported: HashSet<Vec<usize>> = HashSet::new();
+    let mut unreported = 0usize;
     for root in 0..drafts.len() {
         if mark[root] != Mark::New {
             continue;
@@ -198,6 +210,7 @@ pub(super) fn check_cycles(drafts: &[Draft], edges: &[Vec<usize>], cx: &mut Coll
         // Stack of (node, index of the next edge to follow).
         let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
         mark[root] = Mark::OnStack;
+        stack_pos[root] = 0;
         while let Some(&mut (node, ref mut next)) = stack.last_mut() {
             let Some(&target) = edges[node].get(*next) else {
                 mark[node] = Mark::Done;
@@ -208,10 +221,12 @@ pub(super) fn check_cycles(drafts: &[Draft], edges: &[Vec<usize>], cx: &mut Coll
             match mark[target] {
                 Mark::New => {
                     mark[target] = Mark::OnStack;
+                    stack_pos[target] = stack.len();
                     stack.push((target, 0));
                 }
+                Mark::OnStack if reported.len() >= MAX_REPORTED_CYCLES => unreported += 1,
                 Mark::OnStack => {
-                    let start = stack.iter().position(|&(n, _)| n == target).unwrap_or(0);
+                    let start = stack_pos[target];
                     let mut cycle: Vec<usize> = stack[start..].iter().map(|&(n, _)| n).collect();
                     let min_at = cycle
                         .iter()
@@ -219,20 +234,58 @@ pub(super) fn check_cycles(drafts: &[Draft], edges: &[Vec<usize>], cx: &mut Coll
                         .min_by_key(|&(_, &n)| n)
                         .map_or(0, |(i, _)| i);
                     cycle.rotate_left(min_at);
-                    if reported.insert(cycle.clone()) {
-                        let mut names: Vec<&str> =
-                            cycle.iter().map(|&n| drafts[n].label.as_str()).collect();
-                        names.push(&drafts[cycle[0]].label);
-                        cx.error(
-                            drafts[cycle[0]].label(),
-                            "dependencies",
-                            format!("dependency cycle: {}", names.join(" -> ")),
-                        );
+                    let (first, message) = (cycle[0], cycle_message(drafts, &cycle));
+                    if reported.insert(cycle) {
+                        cx.error(drafts[first].label(), "dependencies", message);
                     }
                 }
                 Mark::Done => {}
             }
         }
+    }
+    if unreported > 0 {
+        cx.error(
+            None,
+            "tasks",
+            format!(
+                "{unreported} more dependency cycles were found and are not listed \
+                 (only the first {MAX_REPORTED_CYCLES} are)"
+            ),
+        );
+    }
+}
+
+/// `dependency cycle: A -> B -> C -> A`, shortened to [`MAX_CYCLE_NAMES`] names.
+fn cycle_message(drafts: &[Draft], cycle: &[usize]) -> String {
+    let name = |n: usize| drafts[n].label.as_str();
+    let mut names: Vec<String> = Vec::with_capacity(MAX_CYCLE_NAMES + 2);
+    if cycle.len() <= MAX_CYCLE_NAMES {
+        names.extend(cycle.iter().map(|&n| name(n).to_owned()));
+    } else {
+        let head = MAX_CYCLE_NAMES / 2;
+        let tail = MAX_CYCLE_NAMES - head;
+        names.extend(cycle[..head].iter().map(|&n| name(n).to_owned()));
+        names.push(format!(
+            "... ({} more tasks) ...",
+            cycle.len() - head - tail
+        ));
+        names.extend(
+            cycle[cycle.len() - tail..]
+                .iter()
+                .map(|&n| name(n).to_owned()),
+        );
+    }
+    if let Some(&first) = cycle.first() {
+        names.push(name(first).to_owned());
+    }
+    if cycle.len() > MAX_CYCLE_NAMES {
+        format!(
+            "dependency cycle of {} tasks: {}",
+            cycle.len(),
+            names.join(" -> ")
+        )
+    } else {
+        format!("dependency cycle: {}", names.join(" -> "))
     }
 }
 

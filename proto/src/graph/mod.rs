@@ -9,6 +9,12 @@
 //! by newer or older planners (with `phase`, `conflict_matrix`, `files.delete`, `steps`, ...)
 //! still load.
 //!
+//! Text that reaches the agent's command line (a task's title, description, context,
+//! acceptance criteria and verification command) must not contain NUL characters, which no
+//! command-line argument can hold. Validation never recurses over the tasks and its work grows
+//! linearly with the graph: dependency cycles are found iteratively and only the first few are
+//! listed, so a hostile graph cannot exhaust the stack or the memory.
+//!
 //! The rules follow the original ZERG tool with these differences: file ownership is exclusive
 //! only within a level (tasks of different levels may touch the same file), file paths must
 //! be relative and normalised, levels must be contiguous from 1, and graph-hygiene findings

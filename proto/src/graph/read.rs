@@ -20,6 +20,17 @@ pub(super) fn strip_position(e: &serde_json::Error) -> String {
         .unwrap_or(full)
 }
 
+/// Why `text` cannot be used in a field that reaches the agent's command line (the prompt is
+/// one argument, the verification command another): a NUL character cannot be passed there,
+/// so a task holding one could never run.
+pub(super) fn argv_problem(text: &str) -> Option<String> {
+    text.contains('\0').then(|| {
+        "must not contain NUL characters: it is passed to the agent as a command-line argument, \
+         which cannot hold one"
+            .to_owned()
+    })
+}
+
 pub(super) fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -297,7 +308,13 @@ pub(super) fn read_task(index: usize, value: &Value, cx: &mut Collector) -> Opti
             cx.error(task, "title", "must be a non-empty string");
             None
         }
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => match argv_problem(s) {
+            Some(message) => {
+                cx.error(task, "title", message);
+                None
+            }
+            None => Some(s.clone()),
+        },
         Some(other) => {
             cx.error(
                 task,
@@ -310,7 +327,12 @@ pub(super) fn read_task(index: usize, value: &Value, cx: &mut Collector) -> Opti
 
     let description = match obj.get("description") {
         None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => {
+            if let Some(message) = argv_problem(s) {
+                cx.error(task, "description", message);
+            }
+            s.clone()
+        }
         Some(other) => {
             cx.error(
                 task,
@@ -445,13 +467,28 @@ pub(super) fn read_task(index: usize, value: &Value, cx: &mut Collector) -> Opti
     let integration_test =
         read_optional_string(obj, "integration_test", task, cx).filter(|s| !s.trim().is_empty());
     let context = read_optional_string(obj, "context", task, cx);
+    if let Some(message) = context.as_deref().and_then(argv_problem) {
+        cx.error(task, "context", message);
+    }
 
     let acceptance_criteria = match obj.get("acceptance_criteria") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(v) => read_string_list(v, task, "acceptance_criteria", false, cx)
-            .map(|list| list.into_iter().map(|(_, s)| s).collect())
-            .unwrap_or_default(),
+        Some(Value::String(s)) => {
+            if let Some(message) = argv_problem(s) {
+                cx.error(task, "acceptance_criteria", message);
+            }
+            vec![s.clone()]
+        }
+        Some(v) => {
+            let list =
+                read_string_list(v, task, "acceptance_criteria", false, cx).unwrap_or_default();
+            for (i, s) in &list {
+                if let Some(message) = argv_problem(s) {
+                    cx.error(task, format!("acceptance_criteria[{i}]"), message);
+                }
+            }
+            list.into_iter().map(|(_, s)| s).collect()
+        }
     };
 
     Some(Draft {
@@ -501,7 +538,13 @@ pub(super) fn read_verification(
     cx: &mut Collector,
 ) -> Option<Verification> {
     let command = match v.get("command") {
-        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.clone()),
+        Some(Value::String(s)) if !s.trim().is_empty() => match argv_problem(s) {
+            Some(message) => {
+                cx.error(task, "verification.command", message);
+                None
+            }
+            None => Some(s.clone()),
+        },
         Some(Value::String(_)) => {
             cx.error(task, "verification.command", "must be a non-empty string");
             None

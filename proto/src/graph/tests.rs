@@ -849,3 +849,45 @@ fn graphs_that_read_whole_directories_are_accepted() {
         other => panic!("expected invalid, got {other:?}"),
     }
 }
+
+#[test]
+fn cycle_reports_are_capped_and_the_rest_counted() {
+    // Twelve separate two-task cycles: ten are listed, two counted.
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        tasks.push(task(&format!("A{i}"), 1, &[&format!("B{i}")], &[]));
+        tasks.push(task(&format!("B{i}"), 1, &[&format!("A{i}")], &[]));
+    }
+    let (e, _) = errors(&graph(tasks));
+    let listed = e
+        .iter()
+        .filter(|d| d.message.starts_with("dependency cycle"))
+        .count();
+    assert_eq!(listed, MAX_REPORTED_CYCLES);
+    assert_has(
+        &e,
+        None,
+        "tasks",
+        "2 more dependency cycles were found and are not listed",
+    );
+}
+
+#[test]
+fn long_cycles_are_shortened_in_the_middle() {
+    let n = 30;
+    let tasks: Vec<Value> = (0..n)
+        .map(|i| task(&format!("T{i}"), 1, &[&format!("T{}", (i + 1) % n)], &[]))
+        .collect();
+    let (e, _) = errors(&graph(tasks));
+    let cycle = e
+        .iter()
+        .find(|d| d.message.starts_with("dependency cycle"))
+        .expect("the cycle is reported");
+    assert_eq!(cycle.task.as_deref(), Some("T0"));
+    assert_eq!(
+        cycle.message,
+        "dependency cycle of 30 tasks: T0 -> T1 -> T2 -> T3 -> T4 -> T5 -> T6 -> T7 -> T8 -> T9 \
+         -> ... (10 more tasks) ... -> T20 -> T21 -> T22 -> T23 -> T24 -> T25 -> T26 -> T27 -> T28 \
+         -> T29 -> T0"
+    );
+}

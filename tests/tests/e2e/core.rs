@@ -1,8 +1,9 @@
 //! The core rush: graphs, levels, merges, failures, status, stop, escalations.
 
+use std::path::Path;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use zerg_tests::*;
 
 const T: Duration = Duration::from_secs(120);
@@ -148,9 +149,18 @@ fn status_json_has_the_documented_keys() {
         assert!(st.get(k).is_some(), "missing key {k}");
     }
     let t = &st["tasks"]["G-L1-001"];
-    for k in ["status", "level", "worker_id", "attempts", "error"] {
+    for k in [
+        "status",
+        "level",
+        "worker_id",
+        "attempts",
+        "error",
+        "started_at",
+        "duration_ms",
+    ] {
         assert!(t.get(k).is_some(), "task missing key {k}: {t}");
     }
+    assert!(t["duration_ms"].as_u64().unwrap() > 0, "{t}");
     let w = &st["workers"]["0"];
     for k in ["status", "current_task", "last_heartbeat"] {
         assert!(w.get(k).is_some(), "worker missing key {k}: {w}");
@@ -172,6 +182,26 @@ fn status_json_has_the_documented_keys() {
         String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "keys"]).stdout).to_string();
     assert!(text.contains("Resilience:"), "{text}");
     assert!(text.contains("[COMPLETE]"), "{text}");
+    assert!(
+        text.contains(" took "),
+        "each completed task says how long it took: {text}"
+    );
+    // From outside any repository, the name alone finds a rush zergd knows only once.
+    let out = d.ctl_in(Path::new("/"), &["status", "keys", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elsewhere: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(elsewhere["rush_id"], st["rush_id"]);
+    let out = d.ctl_in(Path::new("/"), &["status", "no-such-rush"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("zergd knows no rush named 'no-such-rush'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -611,4 +641,57 @@ fn a_hostile_environment_neither_redirects_git_nor_leaks_the_api_key() {
     }
     let st = d.ctl_in(&repo.path, &["status", "envf", "--json"]);
     assert!(!String::from_utf8_lossy(&st.stdout).contains(KEY));
+}
+
+#[test]
+fn init_then_rush_works_on_a_fresh_repository_with_exactly_what_init_wrote() {
+    let repo = TestRepo::new();
+    // The agent CLI as users have it: `claude` on PATH (here the fake one).
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(zerg_tests::bin("fake-claude"), bin.path().join("claude")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let d = Daemon::start_with_env(vec![("PATH".into(), path)]);
+    let out = d.ctl_in(&repo.path, &["init"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("created  .zerg/config.yaml"), "{said}");
+    let config = std::fs::read_to_string(repo.path.join(".zerg/config.yaml")).unwrap();
+    // Idempotent: a second run keeps everything.
+    let again = d.ctl_in(&repo.path, &["init"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("kept     .zerg/config.yaml"));
+    assert_eq!(
+        std::fs::read_to_string(repo.path.join(".zerg/config.yaml")).unwrap(),
+        config
+    );
+
+    repo.write_graph("fresh", &graph_12("fresh"));
+    let out = d.ctl_in(&repo.path, &["rush", "fresh", "--workers", "3", "--detach"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let warnings =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !warnings.contains("unknown key"),
+        "init's config has no unknown key: {warnings}"
+    );
+    let st = d.wait_end(&repo.path, "fresh", T);
+    assert_eq!(st["state"], "complete", "{st}");
+    // zerg's working files are ignored: the user's checkout shows nothing new but the config.
+    let dirty: Vec<String> = repo
+        .status_porcelain()
+        .into_iter()
+        .filter(|l| !l.ends_with(".gitignore") && !l.ends_with(".zerg/config.yaml"))
+        .collect();
+    assert!(dirty.is_empty(), "{dirty:?}");
 }

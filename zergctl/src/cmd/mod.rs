@@ -1,5 +1,6 @@
 //! One module per zergctl command that talks to zergd (`validate` works offline).
 
+pub mod init;
 pub mod list;
 pub mod logs;
 pub mod retry;

@@ -18,20 +18,26 @@ pub struct GitError {
     pub stderr: String,
 }
 
-/// Runs git in `dir` and returns trimmed stdout.
-pub fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
-    let mut cmd = Command::new("git");
-    // A GIT_DIR (or similar) in zergd's own environment must not redirect its git.
+/// A command for `program` that inherits none of zergd's denylisted variables (a `GIT_DIR` or
+/// an `LD_PRELOAD` in zergd's own environment must not redirect or load into it) and runs with
+/// git's no-prompt settings. Every git zergd runs, and every quality gate, starts from this.
+pub fn scrubbed(program: &str) -> Command {
+    let mut cmd = Command::new(program);
     for (k, _) in std::env::vars_os() {
         if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
             cmd.env_remove(&k);
         }
     }
-    let out = cmd
+    cmd.envs(zerg_proto::contract::GIT_ENV.iter().copied());
+    cmd
+}
+
+/// Runs git in `dir` and returns trimmed stdout.
+pub fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
+    let out = scrubbed("git")
         .arg("-C")
         .arg(dir)
         .args(args)
-        .envs(zerg_proto::contract::GIT_ENV.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| GitError {

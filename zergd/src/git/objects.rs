@@ -35,6 +35,14 @@ pub(crate) fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
 
 pub(crate) fn import_objects(common: &Path, from: &Path) -> io::Result<usize> {
     let to = common.join("objects");
+    // The object dir itself must be the container's own directory: a symlink there would make
+    // zergd import (and so expose) objects of a repository the container cannot read.
+    if !fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
+        if fs::symlink_metadata(from).is_ok() {
+            tracing::warn!(dir = %from.display(), "a worker's object dir is not a plain directory; nothing imported");
+        }
+        return Ok(0);
+    }
     let Ok(entries) = fs::read_dir(from) else {
         return Ok(0);
     };
@@ -76,7 +84,7 @@ pub(crate) fn import_objects(common: &Path, from: &Path) -> io::Result<usize> {
                     continue;
                 }
                 let pack = fs::File::open(p.path())?;
-                let out = std::process::Command::new("git")
+                let out = crate::git::scrubbed("git")
                     .arg("--git-dir")
                     .arg(common)
                     .args(["index-pack", "--stdin", "--fix-thin", "--strict"])

@@ -3,33 +3,67 @@
 use super::*;
 
 impl Supervisor {
+    /// The rush a command means: the newest rush of the feature (or of any feature, for an
+    /// empty name) in the client's repository. Outside any repository, or when that repository
+    /// has no such rush, a feature name that is unique among the rushes zergd knows picks that
+    /// rush wherever it is; a name several repositories share lists them.
     pub(super) fn find(&self, key: &RushKey) -> Result<String, SupervisorError> {
-        let (repo, feature) = (key.repo.as_str(), key.feature.as_str());
-        let repo_path = jobs::resolve_repo(repo)?;
-        let repo_s = repo_path.to_string_lossy().to_string();
-        let mut matches: Vec<&Rush> = self
-            .rushes
-            .values()
-            .filter(|r| {
-                r.doc.rush.repo == repo_s && (feature.is_empty() || r.doc.feature == feature)
-            })
-            .collect();
-        matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
-        matches.last().map(|r| r.id().to_string()).ok_or_else(|| {
+        let feature = key.feature.as_str();
+        let repo = jobs::resolve_repo(&key.repo).map(|p| p.to_string_lossy().to_string());
+        if let Ok(repo_s) = &repo {
+            let mut matches: Vec<&Rush> = self
+                .rushes
+                .values()
+                .filter(|r| {
+                    r.doc.rush.repo == *repo_s && (feature.is_empty() || r.doc.feature == feature)
+                })
+                .collect();
+            matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
+            if let Some(r) = matches.last() {
+                return Ok(r.id().to_string());
+            }
             if let Some((_, _, why)) = self
                 .unloadable
                 .iter()
-                .find(|(r, f, _)| *r == repo_s && (feature.is_empty() || f == feature))
+                .find(|(r, f, _)| r == repo_s && (feature.is_empty() || f == feature))
             {
-                return SupervisorError::failed_precondition(format!(
+                return Err(SupervisorError::failed_precondition(format!(
                     "zergd could not load this rush at startup: {why}"
-                ));
+                )));
             }
-            if feature.is_empty() {
-                SupervisorError::not_found(format!("no rush in {repo_s}; start one with `zergctl rush FEATURE`"))
-            } else {
-                SupervisorError::not_found(format!("no rush for feature '{feature}' in {repo_s}; start one with `zergctl rush {feature}`"))
+        }
+        if !feature.is_empty() {
+            let mut named: Vec<&Rush> = self
+                .rushes
+                .values()
+                .filter(|r| r.doc.feature == feature)
+                .collect();
+            named.sort_by(|a, b| a.doc.rush.repo.cmp(&b.doc.rush.repo));
+            named.dedup_by(|a, b| a.doc.rush.repo == b.doc.rush.repo);
+            match named.as_slice() {
+                [one] => return Ok(one.id().to_string()),
+                [] => {}
+                many => {
+                    let list: Vec<&str> = many.iter().map(|r| r.doc.rush.repo.as_str()).collect();
+                    return Err(SupervisorError::failed_precondition(format!(
+                        "{} repositories have a rush named '{feature}': {}; run from one of them or pass --repo",
+                        many.len(),
+                        list.join(", ")
+                    )));
+                }
             }
+        }
+        Err(match (repo, feature.is_empty()) {
+            (Err(e), true) => e,
+            (Err(_), false) => SupervisorError::not_found(format!(
+                "zergd knows no rush named '{feature}'; start one with `zergctl rush {feature}` in its repository"
+            )),
+            (Ok(repo_s), true) => SupervisorError::not_found(format!(
+                "no rush in {repo_s}; start one with `zergctl rush FEATURE`"
+            )),
+            (Ok(repo_s), false) => SupervisorError::not_found(format!(
+                "no rush for feature '{feature}' in {repo_s}; start one with `zergctl rush {feature}`"
+            )),
         })
     }
 

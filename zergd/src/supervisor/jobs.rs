@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant as StdInstant, SystemTime};
 
 use crate::error::SupervisorError;
@@ -445,7 +445,7 @@ const OUTPUT_TAIL_BYTES: usize = 64 << 10;
 pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -> (bool, String) {
     use std::io::{Read, Write};
     use std::sync::{Arc, Mutex};
-    let mut child = match Command::new("sh")
+    let mut child = match crate::git::scrubbed("sh")
         .arg("-c")
         .arg(cmd)
         .current_dir(dir)

@@ -1289,6 +1289,18 @@ fn mass_staleness_rechecks_once_before_failing_workers() {
 // === 10: rate limits ===
 
 #[test]
+fn a_reported_reset_far_in_the_future_holds_new_work_for_six_hours_at_most() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    let t = h.join(0).expect("task");
+    let mut req = h.fail_req(0, &t, "rate_limited");
+    req.retry_at_ms = i64::MAX;
+    h.fail_with(req);
+    let held = h.r.doc.rush.rate_limited_until_ms - h.wall_ms();
+    assert!(held > 0 && held <= 6 * 3600 * 1000, "held for {held} ms");
+}
+
+#[test]
 fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     let mut h = H::new(
         vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],

@@ -32,6 +32,8 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
                     crashes: t.crashes,
                     next_retry_at: t.next_retry_at.clone().unwrap_or_default(),
                     cost_usd: t.cost_usd,
+                    started_at: t.started_at.clone().unwrap_or_default(),
+                    duration_ms: t.duration_ms.unwrap_or(0),
                 },
             )
         })

@@ -74,6 +74,12 @@ pub(crate) fn write_private_git_dir(
             }
         }
     }
+    // A symlink a container left in place of its object dir would send zergd's writes (and the
+    // import) elsewhere.
+    let objects = area.join("objects");
+    if fs::symlink_metadata(&objects).is_ok_and(|m| !m.is_dir()) {
+        fs::remove_file(&objects)?;
+    }
     for name in [
         "packed-refs",
         "index",
@@ -96,7 +102,7 @@ pub(crate) fn write_private_git_dir(
     }
     let copy_or = |name: &str, default: &str| {
         let text = fs::read_to_string(common.join(name)).unwrap_or_else(|_| default.to_string());
-        fs::write(area.join(name), text)
+        write_fresh(&area.join(name), text)
     };
     copy_or("config", "")?;
     copy_or("HEAD", "ref: refs/heads/main\n")?;
@@ -105,25 +111,25 @@ pub(crate) fn write_private_git_dir(
     exclude.push_str(&format!(
         "\n# zerg: the spec snapshot is mounted here read-only\n{spec_rel}\n"
     ));
-    fs::write(area.join("info/exclude"), exclude)?;
-    fs::write(
-        area.join("objects/info/alternates"),
+    write_fresh(&area.join("info/exclude"), exclude)?;
+    write_fresh(
+        &area.join("objects/info/alternates"),
         format!("{SHARED_OBJECTS}\n"),
     )?;
     // The worktree's own admin dir, private too: its HEAD names the worker branch, whose value
     // comes from the snapshot below; no index, so the agent's first `git reset --hard` builds
     // one that honours the sparse patterns and never touches the mounted spec.
-    fs::write(
-        admin.join("HEAD"),
+    write_fresh(
+        &admin.join("HEAD"),
         format!("ref: refs/heads/{}\n", spec.branch),
     )?;
-    fs::write(admin.join("commondir"), "../..\n")?;
-    fs::write(
-        admin.join("gitdir"),
+    write_fresh(&admin.join("commondir"), "../..\n")?;
+    write_fresh(
+        &admin.join("gitdir"),
         format!("{}\n", spec.worktree.join(".git").display()),
     )?;
-    fs::write(
-        admin.join("info/sparse-checkout"),
+    write_fresh(
+        &admin.join("info/sparse-checkout"),
         format!("/*\n!{spec_rel}\n"),
     )?;
     let refs = crate::git::git(
@@ -131,7 +137,21 @@ pub(crate) fn write_private_git_dir(
         &["for-each-ref", "--format=%(objectname) %(refname)"],
     )
     .map_err(|e| io::Error::other(e.to_string()))?;
-    fs::write(area.join("packed-refs"), format!("{refs}\n"))
+    write_fresh(&area.join("packed-refs"), format!("{refs}\n"))
+}
+
+/// Writes a new file at `path`, removing whatever was there first: a symlink a container left
+/// is replaced, never followed.
+fn write_fresh(path: &Path, text: impl AsRef<[u8]>) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    io::Write::write_all(&mut f, text.as_ref())
 }
 
 /// Sets the group of `path` (and, if `recursive`, of everything below it except `skip`) to

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The longest a usage limit a worker reports may hold new work: 6 hours (Claude's limits
+/// reset within 5).
+const MAX_RATE_LIMIT_PAUSE_MS: i64 = 6 * 3600 * 1000;
+
 impl Rush {
     /// Any RPC from a worker proves it is alive; after a zergd restart it also ends the
     /// worker's reconnect grace period.
@@ -601,8 +605,11 @@ impl Rush {
         let kind = req.kind;
         match kind {
             Some(FailKind::RateLimited) => {
+                // A reset time the worker states is believed up to a bound: one worker cannot
+                // hold the whole rush for ever.
+                let latest = unix_millis(wall).saturating_add(MAX_RATE_LIMIT_PAUSE_MS);
                 let until = if req.retry_at_ms > unix_millis(wall) {
-                    from_unix_millis(req.retry_at_ms)
+                    from_unix_millis(req.retry_at_ms.min(latest))
                 } else {
                     wall + self.task_backoff().jittered(1)
                 };
