@@ -289,6 +289,28 @@ impl Daemon {
         }
     }
 
+    /// zergd's own rotated log files (`<state dir>/logs/`), concatenated.
+    pub fn state_log(&self) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.path().join("state/logs")) {
+            for e in rd.flatten() {
+                out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        out
+    }
+
+    /// SIGTERM to zergd, as a service manager stops it; waits for it to exit and returns how.
+    pub fn sigterm(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("zergd is running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("signal zergd");
+        c.wait().expect("wait for zergd")
+    }
+
     /// Starts zergd again on the same socket and state directory.
     pub fn restart(&mut self) {
         self.kill9();

@@ -165,9 +165,12 @@ pub enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
-    /// Install zergd as a user service (systemd on Linux, launchd on macOS).
+    /// Install, remove or print zergd's user service (systemd on Linux, launchd on macOS).
     Service {
-        /// Only print the unit file.
+        /// What to do [default: install].
+        #[command(subcommand)]
+        action: Option<service::Action>,
+        /// Only print the unit file (the same as `service print`).
         #[arg(long)]
         print: bool,
     },
@@ -270,7 +273,11 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             Ok(code::OK)
         }
         Command::Demo { workers, keep } => demo::run(workers, keep).await,
-        Command::Service { print } => service::install(print),
+        Command::Service { action, print } => service::run(if print {
+            service::Action::Print
+        } else {
+            action.unwrap_or(service::Action::Install)
+        }),
         Command::Image {
             command:
                 ImageCommand::Build {

@@ -18,6 +18,7 @@ pub mod error;
 pub mod git;
 pub mod launcher;
 pub mod monitor;
+pub mod notify;
 pub mod server;
 pub mod state;
 pub mod supervisor;
@@ -151,6 +152,8 @@ pub async fn run(
         let _ = stop_tx.send(watch_actor(sup.run()).await);
     });
     tracing::info!(socket = %opts.socket.display(), agent = %opts.agent_bin.display(), "zergd listening");
+    // The listener is bound: connections queue until the server below accepts them.
+    notify::ready();
     let (outcome_tx, outcome_rx) = tokio::sync::oneshot::channel();
     let stop = async move {
         let outcome = tokio::select! {
@@ -163,6 +166,7 @@ pub async fn run(
         .add_service(ControlServer::with_interceptor(services, owner_only))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
+    notify::stopping();
     sup_task.abort();
     let _ = std::fs::remove_file(&opts.socket);
     result?;

@@ -20,20 +20,55 @@ struct Args {
     agent_bin: Option<PathBuf>,
 }
 
+/// Logs go to stderr (with colour only on a terminal, and never with `NO_COLOR`) and to
+/// `<state dir>/logs/zergd.<date>.log`, rotated daily and kept for a week. The returned guard
+/// flushes the file on exit.
+fn init_logging(
+    state_dir: &std::path::Path,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("ZERG_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
+    let file = tracing_appender::rolling::Builder::new()
+        .rotation(tracing_appender::rolling::Rotation::DAILY)
+        .filename_prefix("zergd")
+        .filename_suffix("log")
+        .max_log_files(7)
+        .build(state_dir.join("logs"));
+    let registry = tracing_subscriber::registry().with(filter());
+    match file {
+        Ok(appender) => {
+            let (writer, guard) = tracing_appender::non_blocking(appender);
+            let file = tracing_subscriber::fmt::layer()
+                .with_writer(writer)
+                .with_ansi(false);
+            registry.with(stderr).with(file).init();
+            Some(guard)
+        }
+        Err(e) => {
+            registry.with(stderr).init();
+            tracing::warn!(error = %e, "cannot open the log file; logging to stderr only");
+            None
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ZERG_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let opts = zergd::Options {
         socket: zerg_proto::transport::resolve_socket(args.socket.as_deref()),
         state_dir: args.state_dir.unwrap_or_else(zergd::default_state_dir),
         agent_bin: args.agent_bin.unwrap_or_else(zergd::default_agent_bin),
     };
+    let _log_guard = init_logging(&opts.state_dir);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

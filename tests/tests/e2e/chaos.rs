@@ -493,3 +493,54 @@ fn a_state_file_torn_while_zergd_was_down_resumes_from_its_backup() {
     let doc: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(doc["rush"]["state"], "complete");
 }
+
+#[test]
+fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_workers() {
+    let repo = TestRepo::new();
+    repo.write_graph("zt", &graph_12("zt"));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script("zt", &json!({"default": [{"op": "tick", "count": 6, "interval_ms": 100}, {"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "zt", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_for(&repo.path, "zt", T, "a worker running a task", |s| {
+        !tasks_with(s, "in_progress").is_empty() && !tasks_with(s, "complete").is_empty()
+    });
+    let running: Vec<i32> = ["0", "1", "2"]
+        .iter()
+        .filter_map(|w| st["workers"][w]["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect();
+    assert!(!running.is_empty(), "{st}");
+    let status = d.sigterm();
+    assert!(
+        status.success(),
+        "zergd exits 0 on SIGTERM: {status:?}\n{}",
+        d.log()
+    );
+    assert!(d.log().contains("SIGTERM"), "{}", d.log());
+    // Not a terminal: no colour codes, on stderr or in the rotated log in the state dir.
+    assert!(
+        !d.log().contains('\x1b'),
+        "ANSI codes in a log that is not a terminal"
+    );
+    let file_log = d.state_log();
+    assert!(
+        file_log.contains("SIGTERM") && !file_log.contains('\x1b'),
+        "{file_log}"
+    );
+    // Workers are left running (adoptable), not killed with zergd.
+    let alive = running
+        .iter()
+        .filter(|p| kill(Pid::from_raw(**p), None).is_ok())
+        .count();
+    assert!(alive >= 1, "no worker survived zergd's SIGTERM");
+    d.restart();
+    assert_complete_exactly_once(&d, &repo, "zt");
+    let log = monitor(&repo);
+    assert!(log.contains("zergd restarted; resuming rush zt"), "{log}");
+    assert!(log.contains("reconnected after zergd restart"), "{log}");
+}

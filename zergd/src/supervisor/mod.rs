@@ -291,10 +291,16 @@ impl Supervisor {
     /// running on purpose: a restarted zergd re-adopts them.
     pub async fn run(mut self) {
         self.recover().await;
+        // Pinged from this loop itself, so a wedged actor is restarted by systemd.
+        let mut watchdog = crate::notify::Watchdog::from_env(Instant::now());
         loop {
-            let deadline = self
+            watchdog.ping_if_due(Instant::now());
+            let mut deadline = self
                 .next_tick
                 .unwrap_or_else(|| self.clock.now() + Duration::from_secs(1));
+            if let Some(ping) = watchdog.due() {
+                deadline = deadline.min(ping);
+            }
             tokio::select! {
                 ev = self.rx.recv() => match ev {
                     Some(ev) => self.handle_event(ev).await,

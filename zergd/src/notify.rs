@@ -1,0 +1,80 @@
+//! Telling systemd how zergd is doing (`Type=notify`): `READY=1` once the control socket
+//! answers, and `WATCHDOG=1` pings from the supervisor's own loop, so that a wedged actor stops
+//! the pings and systemd restarts zergd (`WatchdogSec=`). Outside systemd (no `NOTIFY_SOCKET`)
+//! every call here does nothing.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Tells the service manager that zergd is ready: its control socket is bound and served.
+pub fn ready() {
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "cannot tell the service manager zergd is ready");
+    }
+}
+
+/// Tells the service manager that zergd is stopping.
+pub fn stopping() {
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+}
+
+/// The watchdog pings of the supervisor loop: at half the interval systemd asked for.
+#[derive(Debug)]
+pub struct Watchdog {
+    every: Option<Duration>,
+    next: Instant,
+}
+
+impl Watchdog {
+    /// The watchdog systemd asked for (`WATCHDOG_USEC`, for this process), or one that never
+    /// pings.
+    pub fn from_env(now: Instant) -> Self {
+        let mut usec = 0;
+        let every = sd_notify::watchdog_enabled(false, &mut usec)
+            .then(|| Duration::from_micros(usec) / 2)
+            .filter(|d| !d.is_zero());
+        Self::every(every, now)
+    }
+
+    /// A watchdog that pings every `every` (`None`: never).
+    pub fn every(every: Option<Duration>, now: Instant) -> Self {
+        Self { every, next: now }
+    }
+
+    /// When the next ping is due, if pings are wanted.
+    pub fn due(&self) -> Option<Instant> {
+        self.every.map(|_| self.next)
+    }
+
+    /// Pings if a ping is due; returns whether it did.
+    pub fn ping_if_due(&mut self, now: Instant) -> bool {
+        let Some(every) = self.every else {
+            return false;
+        };
+        if now < self.next {
+            return false;
+        }
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+        self.next = now + every;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pings_at_the_interval_and_never_without_one() {
+        let t0 = Instant::now();
+        let mut w = Watchdog::every(Some(Duration::from_secs(10)), t0);
+        assert!(w.ping_if_due(t0));
+        assert!(!w.ping_if_due(t0 + Duration::from_secs(9)));
+        assert_eq!(w.due(), Some(t0 + Duration::from_secs(10)));
+        assert!(w.ping_if_due(t0 + Duration::from_secs(10)));
+        let mut none = Watchdog::every(None, t0);
+        assert_eq!(none.due(), None);
+        assert!(!none.ping_if_due(t0 + Duration::from_secs(3600)));
+    }
+}
