@@ -21,7 +21,10 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         Err(GraphError::Invalid { errors, .. }) => {
-            assert!(!errors.is_empty(), "a refused graph names at least one error");
+            assert!(
+                !errors.is_empty(),
+                "a refused graph names at least one error"
+            );
             for e in &errors {
                 let _ = e.to_string();
             }

@@ -83,7 +83,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 }
 
 /// A cost as the agent CLI reports it: dollars with up to six decimals (at most 15
-/// significant digits). Any finite amount is the subject of the ignored
+/// significant digits). Any finite amount is the subject of
 /// `any_finite_cost_round_trips_exactly` below.
 fn cost() -> impl Strategy<Value = f64> {
     prop_oneof![
@@ -457,11 +457,9 @@ fn unknown_state_names_are_refused_naming_the_file() {
 
 /// Costs are sums of what the agent CLI reports, so they often need all 17 significant digits
 /// (`0.1 + 0.2` is `0.30000000000000004`). serde_json parses some of those one unit in the
-/// last place off unless its `float_roundtrip` feature is on, so such a cost changes each time
-/// the state file is loaded and written again.
+/// last place off unless its `float_roundtrip` feature is on (the workspace turns it on);
+/// without it such a cost would change each time the state file is loaded and written again.
 #[test]
-#[ignore = "known bug: serde_json needs its `float_roundtrip` feature (workspace Cargo.toml) \
-            for every f64 to read back exactly; see docs/FUZZING.md"]
 fn any_finite_cost_round_trips_exactly() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = StateStore::new(dir.path(), FEATURE);
