@@ -29,6 +29,10 @@ pub mod v1 {
     tonic::include_proto!("zerg.v1");
 }
 
+/// The encoded `FileDescriptorSet` of `zerg.v1`, which zergd serves over gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/zerg_descriptor.bin"));
+
 /// Environment variable that overrides the control socket path for every binary.
 pub const ENV_SOCKET: &str = "ZERG_SOCKET";
 

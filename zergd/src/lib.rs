@@ -162,8 +162,21 @@ pub async fn run(
         };
         let _ = outcome_tx.send(outcome);
     };
+    // Reflection lets grpcurl and other generic clients discover the API; only the control
+    // service is advertised, and the same peer check guards it.
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(zerg_proto::FILE_DESCRIPTOR_SET)
+        .with_service_name("zerg.v1.Control")
+        .build_v1()
+        .map_err(|e| DaemonError::Io {
+            context: "cannot build the reflection service".into(),
+            source: std::io::Error::other(e),
+        })?;
     let result = tonic::transport::Server::builder()
         .add_service(ControlServer::with_interceptor(services, owner_only))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection, owner_only,
+        ))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop)
         .await;
     notify::stopping();

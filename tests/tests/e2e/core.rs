@@ -695,3 +695,77 @@ fn init_then_rush_works_on_a_fresh_repository_with_exactly_what_init_wrote() {
         .collect();
     assert!(dirty.is_empty(), "{dirty:?}");
 }
+
+/// One gRPC call made with curl over the control socket (HTTP/2 with prior knowledge, the
+/// `:authority` set to `localhost`): the framed request body in, the response body out.
+fn curl_grpc(socket: &Path, method: &str, message: &[u8]) -> (bool, Vec<u8>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("req");
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    std::fs::write(&body, framed).unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--http2-prior-knowledge", "--unix-socket"])
+        .arg(socket)
+        .args([
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "--data-binary",
+        ])
+        .arg(format!("@{}", body.display()))
+        .arg(format!("http://localhost/{method}"))
+        .output()
+        .expect("curl runs");
+    (
+        out.status.success(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn a_client_that_is_not_rust_drives_the_control_api_and_discovers_it_by_reflection() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("curl", &graph_12("curl"));
+    repo.write_config(FAST_WORKERS);
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "curl", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    d.wait_end(&repo.path, "curl", T);
+    // Control.List with an empty ListRequest: the reply carries the rush's feature name.
+    let (ok, body, err) = curl_grpc(&d.socket, "zerg.v1.Control/List", &[]);
+    assert!(ok, "{err}");
+    assert!(body.len() > 5 && body[0] == 0, "a gRPC frame: {body:?}");
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("curl") && text.contains(&*repo.path.to_string_lossy()),
+        "{text}"
+    );
+    // Reflection: ServerReflectionRequest { list_services: "" } (field 7, empty string).
+    let (ok, body, err) = curl_grpc(
+        &d.socket,
+        "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        &[0x3a, 0x00],
+    );
+    assert!(ok, "{err}");
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("zerg.v1.Control"), "{text}");
+    assert!(
+        !text.contains("zerg.v1.Worker"),
+        "only the control service is advertised: {text}"
+    );
+}
