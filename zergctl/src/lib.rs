@@ -71,6 +71,10 @@ pub enum Command {
         /// Return once the rush is accepted instead of following it.
         #[arg(long)]
         detach: bool,
+        /// While following, print every event (claims, starts, completions), not only the ones
+        /// that need attention.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Show a rush's status.
     Status {
@@ -85,6 +89,9 @@ pub enum Command {
         /// Keep showing the status until the rush ends.
         #[arg(short, long)]
         watch: bool,
+        /// With `--watch`, print every event, not only the ones that need attention.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// List every rush zergd knows.
     List {
@@ -305,6 +312,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             mode,
             repo,
             detach,
+            verbose,
         } => {
             let repo = repo_arg(repo)?;
             let mut c = connect(&socket).await?;
@@ -315,6 +323,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                 workers,
                 mode.as_deref().unwrap_or(""),
                 detach,
+                verbose,
             )
             .await
         }
@@ -323,7 +332,8 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             repo,
             json,
             watch,
-        } => cmd::status::run(&socket, feature, repo, json, watch).await,
+            verbose,
+        } => cmd::status::run(&socket, feature, repo, json, watch, verbose).await,
         Command::List { json } => cmd::list::run(&socket, json).await,
         Command::Stop {
             feature,

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use zerg_proto::v1;
 
 use crate::json::{self, Status};
@@ -220,61 +220,198 @@ pub fn summary(st: &v1::RushStatus) -> String {
     o
 }
 
-/// Live progress while following a rush: a bar on a terminal, plain lines otherwise.
+/// Events worth a line in the live view without `--verbose`: what went wrong and how the rush
+/// moves on. Routine progress (claims, starts, completions, heartbeats) is in the worker lines.
+const NOTABLE: &[&str] = &[
+    "rush_started",
+    "rush_resumed",
+    "rush_complete",
+    "rush_failed",
+    "rush_stopped",
+    "level_complete",
+    "merge_conflict",
+    "gate_failed",
+    "merge_failed",
+    "task_retry",
+    "task_failed",
+    "task_failed_permanent",
+    "task_reassign",
+    "task_timeout",
+    "worker_crash",
+    "worker_gave_up",
+    "rate_limited",
+    "escalation_created",
+    "state_write_failed",
+];
+
+/// Whether an event gets a line in the live view.
+pub fn notable(ev: &v1::WatchEvent) -> bool {
+    !ev.message.is_empty()
+        && (NOTABLE.contains(&ev.event.as_str())
+            || matches!(ev.level(), v1::EventLevel::Warn | v1::EventLevel::Error))
+}
+
+/// One line per worker for the live view: slot, state, task, step, how long the task has run,
+/// heartbeat age and attempt.
+pub fn worker_lines(st: &v1::RushStatus, now: std::time::SystemTime) -> Vec<String> {
+    let st = &Status::from(st);
+    let mut workers: Vec<(&String, &json::Worker)> = st.workers.iter().collect();
+    workers.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
+    workers
+        .into_iter()
+        .map(|(id, w)| {
+            let task = st.tasks.get(&w.current_task);
+            let (elapsed, attempt) = match task {
+                Some(t) if !t.started_at.is_empty() => (
+                    age(&t.started_at, now),
+                    format!("attempt {}", t.attempts.max(1)),
+                ),
+                _ => ("-".into(), String::new()),
+            };
+            let hb = if w.last_heartbeat.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{} ago", age(&w.last_heartbeat, now))
+            };
+            let mut line = format!(
+                "W{id:<2} {:<9} {:<18} {:<16} {:>7}  hb {:<8} {attempt}",
+                w.status,
+                if w.current_task.is_empty() {
+                    "-"
+                } else {
+                    &w.current_task
+                },
+                if w.step.is_empty() { "-" } else { &w.step },
+                elapsed,
+                hb,
+            );
+            if !w.reason.is_empty() && w.current_task.is_empty() {
+                line.push_str(&format!(" ({})", w.reason));
+            }
+            line.trim_end().to_string()
+        })
+        .collect()
+}
+
+/// One line per level: a bar, tasks complete of total, and the merge.
+pub fn level_lines(st: &v1::RushStatus) -> Vec<String> {
+    let st = &Status::from(st);
+    let mut levels: Vec<(&String, &json::Level)> = st.levels.iter().collect();
+    levels.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
+    levels
+        .into_iter()
+        .map(|(n, l)| {
+            format!(
+                "L{n:<2} {} {:>3}/{:<3} {:<9} merge {}",
+                bar(l.complete as usize, l.tasks as usize, 20),
+                l.complete,
+                l.tasks,
+                l.status,
+                l.merge_status
+            )
+        })
+        .collect()
+}
+
+/// Live progress while following a rush. On a terminal: a screen redrawn in place, with one
+/// bar per level and one line per worker, and the events that matter printed above it. Without
+/// one (a pipe, CI): plain event lines, no escape codes. `verbose` prints every event.
 pub struct Progress {
-    bar: Option<ProgressBar>,
+    screen: Option<Screen>,
+    verbose: bool,
+}
+
+struct Screen {
+    multi: MultiProgress,
+    header: ProgressBar,
+    levels: Vec<ProgressBar>,
+    workers: Vec<ProgressBar>,
+}
+
+fn line_bar(multi: &MultiProgress) -> ProgressBar {
+    let b = multi.add(ProgressBar::new(0));
+    b.set_style(
+        ProgressStyle::with_template("{msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b
 }
 
 impl Progress {
     /// A progress view on stderr.
-    pub fn new() -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} tasks  {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    pub fn new(verbose: bool) -> Self {
+        let screen = std::io::stderr().is_terminal().then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+            let header = multi.add(ProgressBar::new(0));
+            header.set_style(
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
-            b.enable_steady_tick(std::time::Duration::from_millis(200));
-            b
+            header.enable_steady_tick(std::time::Duration::from_millis(200));
+            Screen {
+                multi,
+                header,
+                levels: Vec::new(),
+                workers: Vec::new(),
+            }
         });
-        Progress { bar }
+        Progress { screen, verbose }
     }
 
-    /// Prints one event line.
-    pub fn message(&mut self, message: &str) {
-        if message.is_empty() {
+    /// Prints the event's line if it matters (or with `verbose`).
+    pub fn event(&mut self, ev: &v1::WatchEvent) {
+        if ev.message.is_empty() || !(self.verbose || notable(ev)) {
             return;
         }
-        match &self.bar {
-            Some(b) => b.println(message),
-            None => eprintln!("{message}"),
+        match &self.screen {
+            Some(s) => {
+                let _ = s.multi.println(&ev.message);
+            }
+            None => eprintln!("{}", ev.message),
         }
     }
 
-    /// Shows a new status.
+    /// Redraws the screen for a new status.
     pub fn update(&mut self, st: &v1::RushStatus) {
-        let st = &Status::from(st);
-        if let Some(b) = &self.bar {
-            let running = st
-                .workers
-                .values()
-                .filter(|w| w.status == "running")
-                .count();
-            b.set_length(st.tasks.len() as u64);
-            b.set_position(done_count(st) as u64);
-            b.set_message(format!(
-                "level {}/{} · {running} running · {}",
-                st.current_level, st.total_levels, st.state
-            ));
+        let Some(s) = &mut self.screen else { return };
+        let total = st.tasks.len();
+        let done = done_count(&Status::from(st));
+        s.header.set_message(format!(
+            "{} [{}] {done}/{total} tasks · level {}/{}",
+            st.feature,
+            v1::RushState::try_from(st.state)
+                .map(|x| x
+                    .as_str_name()
+                    .trim_start_matches("RUSH_STATE_")
+                    .to_string())
+                .unwrap_or_default(),
+            st.current_level,
+            st.total_levels
+        ));
+        let now = std::time::SystemTime::now();
+        let levels = level_lines(st);
+        while s.levels.len() < levels.len() {
+            s.levels.push(line_bar(&s.multi));
+        }
+        for (b, l) in s.levels.iter().zip(levels) {
+            b.set_message(l);
+        }
+        let workers = worker_lines(st, now);
+        while s.workers.len() < workers.len() {
+            s.workers.push(line_bar(&s.multi));
+        }
+        for (b, l) in s.workers.iter().zip(workers) {
+            b.set_message(l);
         }
     }
 
-    /// Removes the bar.
+    /// Clears the screen part of the view.
     pub fn finish(&mut self) {
-        if let Some(b) = self.bar.take() {
-            b.finish_and_clear();
+        if let Some(s) = self.screen.take() {
+            for b in s.workers.iter().chain(&s.levels) {
+                b.finish_and_clear();
+            }
+            s.header.finish_and_clear();
+            let _ = s.multi.clear();
         }
     }
 }
@@ -339,5 +476,79 @@ mod tests {
         assert_eq!(short(Duration::from_millis(850)), "850ms");
         assert_eq!(short(Duration::from_secs(7325)), "2h02m");
         assert_eq!(age("garbage", SystemTime::now()), "-");
+    }
+
+    #[test]
+    fn the_live_view_has_a_line_per_worker_and_level_and_keeps_only_notable_events() {
+        let now = humantime::parse_rfc3339("2026-12-01T10:00:00Z").unwrap();
+        let mut st = v1::RushStatus::default();
+        for (w, task) in [("0", "A-L1-001"), ("1", ""), ("2", "A-L1-002")] {
+            st.workers.insert(
+                w.into(),
+                v1::WorkerStatus {
+                    status: if task.is_empty() {
+                        v1::WorkerState::Ready as i32
+                    } else {
+                        v1::WorkerState::Running as i32
+                    },
+                    current_task: task.into(),
+                    step: v1::Step::Implementing as i32,
+                    last_heartbeat: "2026-12-01T09:59:58Z".into(),
+                    ..Default::default()
+                },
+            );
+        }
+        for (t, attempts) in [("A-L1-001", 1), ("A-L1-002", 2)] {
+            st.tasks.insert(
+                t.into(),
+                v1::TaskStatus {
+                    status: v1::TaskState::InProgress as i32,
+                    level: 1,
+                    attempts,
+                    started_at: "2026-12-01T09:59:30Z".into(),
+                    ..Default::default()
+                },
+            );
+        }
+        st.levels.insert(
+            "1".into(),
+            v1::LevelStatus {
+                status: v1::LevelState::Running as i32,
+                tasks: 2,
+                complete: 0,
+                ..Default::default()
+            },
+        );
+        let workers = worker_lines(&st, now);
+        assert_eq!(workers.len(), 3, "{workers:#?}");
+        assert!(workers[0].starts_with("W0") && workers[0].contains("A-L1-001"));
+        assert!(workers[0].contains("implementing") && workers[0].contains("30s"));
+        assert!(workers[0].contains("hb 2s ago") && workers[0].contains("attempt 1"));
+        assert!(workers[1].starts_with("W1") && workers[1].contains("ready"));
+        assert!(workers[2].contains("attempt 2"));
+        let levels = level_lines(&st);
+        assert_eq!(levels.len(), 1);
+        assert!(
+            levels[0].starts_with("L1") && levels[0].contains("0/2"),
+            "{levels:?}"
+        );
+
+        let ev = |event: &str, level: v1::EventLevel| v1::WatchEvent {
+            message: format!("{event} happened"),
+            event: event.into(),
+            level: level as i32,
+            status: None,
+        };
+        assert!(!notable(&ev("task_claimed", v1::EventLevel::Info)));
+        assert!(!notable(&ev("task_started", v1::EventLevel::Info)));
+        assert!(!notable(&ev("task_complete", v1::EventLevel::Info)));
+        assert!(notable(&ev("worker_crash", v1::EventLevel::Warn)));
+        assert!(notable(&ev("merge_conflict", v1::EventLevel::Error)));
+        assert!(notable(&ev("level_complete", v1::EventLevel::Info)));
+        assert!(
+            notable(&ev("anything_new", v1::EventLevel::Warn)),
+            "every warning counts"
+        );
+        assert!(!notable(&v1::WatchEvent::default()));
     }
 }

@@ -34,6 +34,16 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
         d.log()
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("complete: 12/12"));
+    // Not a terminal: plain lines, no escape codes, and no routine claim lines.
+    assert!(
+        !stderr.contains('\x1b'),
+        "escape codes in piped output: {stderr:?}"
+    );
+    assert!(!stderr.contains("claimed task"), "{stderr}");
+    assert!(
+        stderr.contains("Level 1 complete"),
+        "the events that matter are there: {stderr}"
+    );
 
     let st = d.status(&repo.path, "feat").expect("status");
     assert_eq!(st["state"], "complete");
@@ -768,4 +778,105 @@ fn a_client_that_is_not_rust_drives_the_control_api_and_discovers_it_by_reflecti
         !text.contains("zerg.v1.Worker"),
         "only the control service is advertised: {text}"
     );
+}
+
+/// tmux with a socket of the test's own; killed when dropped.
+struct Tmux(tempfile::TempDir);
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("tmux")
+            .arg("-S")
+            .arg(self.0.path().join("tmux.sock"))
+            .args(args)
+            .output()
+            .expect("tmux runs")
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+fn the_live_view_on_a_terminal_has_one_line_per_worker_and_no_routine_lines() {
+    if std::process::Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: tmux is not installed");
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("lv", &graph_12("lv"));
+    repo.write_config(FAST_WORKERS);
+    // Slow tasks, so that the screen is captured mid-level.
+    repo.write_script(
+        "lv",
+        &json!({"default": [{"op": "tick", "count": 30, "interval_ms": 200}, {"op": "write_owned"}]}),
+    );
+    let d = Daemon::start();
+    let tmux = Tmux(tempfile::tempdir().unwrap());
+    let cmd = format!(
+        "ZERG_SOCKET={} {} rush lv --workers 3; sleep 60",
+        d.socket.display(),
+        zerg_tests::bin("zergctl").display()
+    );
+    let repo_dir = repo.path.to_string_lossy().to_string();
+    let out = tmux.run(&[
+        "new-session",
+        "-d",
+        "-x",
+        "160",
+        "-y",
+        "40",
+        "-c",
+        &repo_dir,
+        &cmd,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.wait_for(&repo.path, "lv", T, "three tasks running", |s| {
+        tasks_with(s, "in_progress").len() == 3
+    });
+    // The view redraws a few times a second; look until it shows every worker.
+    let mut screen = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        screen = String::from_utf8_lossy(&tmux.run(&["capture-pane", "-p"]).stdout).to_string();
+        if (0..3).all(|w| {
+            screen
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("W{w} ")))
+        }) {
+            break;
+        }
+    }
+    for w in 0..3 {
+        let lines: Vec<&str> = screen
+            .lines()
+            .filter(|l| l.trim_start().starts_with(&format!("W{w} ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for worker {w}:\n{screen}");
+        assert!(
+            lines[0].contains("running") && lines[0].contains("-L1-"),
+            "{screen}"
+        );
+    }
+    assert!(screen.contains("L1 "), "a bar per level:\n{screen}");
+    assert!(
+        !screen.contains("claimed task"),
+        "no routine claim lines:\n{screen}"
+    );
+    assert!(
+        !screen.contains("started task"),
+        "no routine start lines:\n{screen}"
+    );
+    let _ = d.ctl_in(&repo.path, &["stop", "lv", "--force"]);
 }

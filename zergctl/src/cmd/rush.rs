@@ -15,6 +15,7 @@ pub async fn rush(
     workers: u32,
     mode: &str,
     detach: bool,
+    verbose: bool,
 ) -> Result<u8, CliError> {
     let r = c
         .rush(v1::RushRequest {
@@ -42,7 +43,7 @@ pub async fn rush(
         );
         return Ok(code::OK);
     }
-    follow(c, repo, feature, true).await
+    follow(c, repo, feature, true, verbose).await
 }
 
 /// Follows a rush with progress bars until it ends. Ctrl-C detaches (the rush goes on).
@@ -51,6 +52,7 @@ pub(crate) async fn follow(
     repo: &str,
     feature: &str,
     exit_by_outcome: bool,
+    verbose: bool,
 ) -> Result<u8, CliError> {
     let mut stream = c
         .watch(v1::WatchRequest {
@@ -60,10 +62,19 @@ pub(crate) async fn follow(
         .await
         .map_err(from_status)?
         .into_inner();
-    let mut view = render::Progress::new();
+    let mut view = render::Progress::new(verbose);
+    // Ages and elapsed times move on between events: redraw the last status every second.
+    let mut redraw = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut last: Option<v1::RushStatus> = None;
     loop {
         let next = tokio::select! {
             m = stream.message() => m,
+            _ = redraw.tick() => {
+                if let Some(st) = &last {
+                    view.update(st);
+                }
+                continue;
+            }
             _ = tokio::signal::ctrl_c() => {
                 view.finish();
                 println!("Detached; the rush goes on. Stop it with `zergctl stop {feature}`.");
@@ -84,9 +95,10 @@ pub(crate) async fn follow(
                 return Err(from_status(s));
             }
         };
-        view.message(&ev.message);
+        view.event(&ev);
         let Some(st) = ev.status else { continue };
         view.update(&st);
+        last = Some(st.clone());
         match st.state().name().as_str() {
             "complete" | "failed" | "stopped" => {
                 view.finish();

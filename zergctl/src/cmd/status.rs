@@ -12,12 +12,13 @@ pub async fn run(
     repo: Option<std::path::PathBuf>,
     json: bool,
     watch: bool,
+    verbose: bool,
 ) -> Result<u8, CliError> {
     let repo = repo_arg(repo)?;
     let mut c = connect(socket).await?;
     let feature = feature.unwrap_or_default();
     if watch {
-        return super::rush::follow(&mut c, &repo, &feature, false).await;
+        return super::rush::follow(&mut c, &repo, &feature, false, verbose).await;
     }
     let st = c
         .status(v1::StatusRequest { repo, feature })

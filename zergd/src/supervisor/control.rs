@@ -96,10 +96,10 @@ impl Supervisor {
             ControlCmd::Watch(key, reply) => match self.find(&key) {
                 Ok(id) => {
                     let (tx, rx) = mpsc::channel(64);
-                    let first = v1::WatchEvent {
-                        status: Some(crate::wire::status::rush_status(&self.rushes[&id])),
-                        message: String::new(),
-                    };
+                    let first = crate::wire::status::watch_event(
+                        None,
+                        Some(crate::wire::status::rush_status(&self.rushes[&id])),
+                    );
                     let _ = tx.try_send(Ok(first));
                     self.watchers.entry(id).or_default().push(tx);
                     let _ = reply.send(Ok(rx));

@@ -381,10 +381,10 @@ impl Supervisor {
                     let n = msgs.len().max(1);
                     let status = crate::wire::status::rush_status(r);
                     for i in 0..n {
-                        let ev = v1::WatchEvent {
-                            status: (i + 1 == n).then(|| status.clone()),
-                            message: msgs.get(i).cloned().unwrap_or_default(),
-                        };
+                        let ev = crate::wire::status::watch_event(
+                            msgs.get(i),
+                            (i + 1 == n).then(|| status.clone()),
+                        );
                         ws.retain(|w| w.try_send(Ok(ev.clone())).is_ok() || !w.is_closed());
                     }
                 }

@@ -4,6 +4,7 @@ use zerg_proto::v1;
 
 use crate::calls::Escalation;
 use crate::domain::{RushState, TaskStatus};
+use crate::monitor::{Level, MonitorEvent};
 use crate::supervisor::rush::{Rush, staging_branch};
 use crate::wire;
 
@@ -170,5 +171,22 @@ pub fn escalation(e: &Escalation) -> v1::Escalation {
         timestamp: e.timestamp.clone(),
         resolved: false,
         context_json: e.context_json.clone(),
+    }
+}
+
+/// One line of a rush's watch stream: a monitor event (if any) and, on the last line of a
+/// batch, the new status.
+pub fn watch_event(ev: Option<&MonitorEvent>, status: Option<v1::RushStatus>) -> v1::WatchEvent {
+    v1::WatchEvent {
+        status,
+        message: ev.map(|e| e.message.clone()).unwrap_or_default(),
+        event: ev.map(|e| e.kind.clone()).unwrap_or_default(),
+        level: ev
+            .map(|e| match e.level {
+                Level::Info => v1::EventLevel::Info,
+                Level::Warn => v1::EventLevel::Warn,
+                Level::Error => v1::EventLevel::Error,
+            })
+            .unwrap_or(v1::EventLevel::Unspecified) as i32,
     }
 }

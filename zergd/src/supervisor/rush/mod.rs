@@ -269,7 +269,7 @@ pub struct Rush {
     /// Escalations raised during this rush.
     pub escalations: Vec<Escalation>,
     /// Event lines since the last save, for watchers.
-    pub messages: Vec<String>,
+    pub messages: Vec<MonitorEvent>,
     /// When the mass-staleness brake last fired.
     pub brake_at: Option<Instant>,
 }
@@ -349,17 +349,18 @@ impl Rush {
         data: serde_json::Value,
     ) {
         self.doc.log(iso_millis(wall), kind, data.clone());
-        self.events.push(MonitorEvent {
+        let ev = MonitorEvent {
             at: wall,
             source,
             level,
             kind: kind.to_string(),
-            message: message.clone(),
+            message,
             data,
-        });
+        };
         if self.messages.len() < 1000 {
-            self.messages.push(message);
+            self.messages.push(ev.clone());
         }
+        self.events.push(ev);
         self.dirty = true;
     }
 
