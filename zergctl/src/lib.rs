@@ -355,3 +355,52 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
         } => cmd::logs::run(&socket, feature, worker, tail, follow, repo).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand and every flag `--help` shows is in the README's command reference,
+    /// with its short form where it has one.
+    #[test]
+    fn every_command_and_flag_is_documented_in_the_readme() {
+        let readme = include_str!("../../README.md");
+        let mut missing = Vec::new();
+        fn walk(cmd: &clap::Command, path: &str, readme: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path} {}", sub.get_name());
+                if !readme.contains(&format!("`zergctl{name}")) {
+                    missing.push(format!("command `zergctl{name}`"));
+                }
+                for a in sub.get_arguments() {
+                    if a.is_hide_set() || a.get_id() == "help" || a.get_id() == "version" {
+                        continue;
+                    }
+                    if let Some(long) = a.get_long()
+                        && !readme.contains(&format!("`--{long}"))
+                    {
+                        missing.push(format!("zergctl{name} --{long}"));
+                    }
+                    if let Some(short) = a.get_short()
+                        && !readme.contains(&format!("`-{short}`"))
+                    {
+                        missing.push(format!("zergctl{name} -{short}"));
+                    }
+                }
+                walk(sub, &name, readme, missing);
+            }
+        }
+        walk(&Cli::command(), "", readme, &mut missing);
+        for a in Cli::command().get_arguments() {
+            if let Some(long) = a.get_long()
+                && a.get_id() != "help"
+                && a.get_id() != "version"
+                && !readme.contains(&format!("`--{long}"))
+            {
+                missing.push(format!("global --{long}"));
+            }
+        }
+        assert!(missing.is_empty(), "missing from README.md: {missing:#?}");
+    }
+}

@@ -551,4 +551,141 @@ mod tests {
         );
         assert!(!notable(&v1::WatchEvent::default()));
     }
+
+    /// A rush as people see it mid-way: one task failed for good and blocks another, one runs
+    /// on its second attempt, one worker crashed and was respawned, an escalation waits.
+    fn mid_rush() -> v1::RushStatus {
+        let mut st = v1::RushStatus {
+            rush_id: "demo-19ad1".into(),
+            repo: "/home/me/app".into(),
+            feature: "demo".into(),
+            state: v1::RushState::Running as i32,
+            current_level: 2,
+            total_levels: 3,
+            mode: v1::LaunchMode::Subprocess as i32,
+            cost_usd: 1.75,
+            started_at: "2026-12-01T09:50:00Z".into(),
+            staging_branch: "zerg/demo/staging".into(),
+            resilience: Some(v1::Resilience {
+                spawn_retries: 1,
+                stale_detections: 0,
+                task_reassignments: 1,
+                worker_respawns: 1,
+                reconcile_fixes: 0,
+            }),
+            ..Default::default()
+        };
+        let task = |status: v1::TaskState, level, worker, attempts, error: &str| v1::TaskStatus {
+            status: status as i32,
+            level,
+            worker_id: worker,
+            attempts,
+            error: error.into(),
+            title: "a task".into(),
+            ..Default::default()
+        };
+        let mut done = task(v1::TaskState::Complete, 1, Some(0), 1, "");
+        done.duration_ms = 95_000;
+        done.cost_usd = 0.5;
+        st.tasks.insert("D-L1-001".into(), done);
+        let mut failed = task(
+            v1::TaskState::Failed,
+            1,
+            Some(1),
+            3,
+            "verification_failed: tier 2 (correctness) exited 1: 2 tests failed",
+        );
+        failed.cost_usd = 1.25;
+        st.tasks.insert("D-L1-002".into(), failed);
+        let mut running = task(v1::TaskState::InProgress, 2, Some(0), 2, "");
+        running.started_at = "2026-12-01T09:58:30Z".into();
+        st.tasks.insert("D-L2-001".into(), running);
+        let mut blocked = task(v1::TaskState::Blocked, 2, None, 0, "blocked by D-L1-002");
+        blocked.blocked_by = vec!["D-L1-002".into()];
+        st.tasks.insert("D-L2-002".into(), blocked);
+        st.tasks.insert(
+            "D-L3-001".into(),
+            task(v1::TaskState::Pending, 3, None, 0, ""),
+        );
+        st.workers.insert(
+            "0".into(),
+            v1::WorkerStatus {
+                status: v1::WorkerState::Running as i32,
+                current_task: "D-L2-001".into(),
+                last_heartbeat: "2026-12-01T09:59:57Z".into(),
+                step: v1::Step::VerifyingTier2 as i32,
+                tasks_completed: 1,
+                ..Default::default()
+            },
+        );
+        st.workers.insert(
+            "1".into(),
+            v1::WorkerStatus {
+                status: v1::WorkerState::Ready as i32,
+                last_heartbeat: "2026-12-01T09:59:41Z".into(),
+                step: v1::Step::Idle as i32,
+                respawns: 1,
+                last_exit: "killed by signal 9".into(),
+                ..Default::default()
+            },
+        );
+        for (l, status, merge, tasks, complete) in [
+            (
+                "1",
+                v1::LevelState::Complete,
+                v1::MergeState::Complete,
+                2,
+                1,
+            ),
+            ("2", v1::LevelState::Running, v1::MergeState::Pending, 2, 0),
+            ("3", v1::LevelState::Pending, v1::MergeState::Pending, 1, 0),
+        ] {
+            st.levels.insert(
+                l.into(),
+                v1::LevelStatus {
+                    status: status as i32,
+                    merge_status: merge as i32,
+                    tasks,
+                    complete,
+                    ..Default::default()
+                },
+            );
+        }
+        st.escalations.push(v1::Escalation {
+            worker_id: 1,
+            task_id: "D-L1-002".into(),
+            category: "ambiguous_spec".into(),
+            message: "the spec names two config formats".into(),
+            timestamp: "2026-12-01T09:55:00Z".into(),
+            ..Default::default()
+        });
+        st
+    }
+
+    #[test]
+    fn snapshot_of_the_status_text() {
+        let now = humantime::parse_rfc3339("2026-12-01T10:00:00Z").unwrap();
+        insta::assert_snapshot!(status_text_at(&mid_rush(), now));
+    }
+
+    #[test]
+    fn snapshot_of_the_live_view_lines() {
+        let now = humantime::parse_rfc3339("2026-12-01T10:00:00Z").unwrap();
+        let st = mid_rush();
+        let mut screen = level_lines(&st);
+        screen.extend(worker_lines(&st, now));
+        insta::assert_snapshot!(screen.join("\n"));
+    }
+
+    #[test]
+    fn snapshot_of_the_end_of_rush_summary() {
+        let mut st = mid_rush();
+        st.state = v1::RushState::Failed as i32;
+        st.reason = "task D-L1-002 failed after 3 attempts; 1 task blocked".into();
+        st.report = vec![
+            "D-L1-002: failed verification_failed: tier 2 (correctness) exited 1".into(),
+            "D-L2-002: blocked blocked by D-L1-002".into(),
+        ];
+        insta::assert_snapshot!(summary(&st));
+    }
 }

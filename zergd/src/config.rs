@@ -686,6 +686,35 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_config_key_is_in_the_configuration_reference() {
+        let doc = include_str!("../../docs/Configuration-Reference.md");
+        let mut defaults = serde_json::to_value(Config::default()).unwrap();
+        // A quality gate's keys, from one entry.
+        defaults["quality_gates"] = serde_json::json!({
+            "name": "", "command": "", "required": true, "timeout": 1, "coverage_threshold": null
+        });
+        let mut missing = Vec::new();
+        for (section, keys) in defaults.as_object().unwrap() {
+            if !doc.contains(&format!("`{section}`")) {
+                missing.push(section.clone());
+            }
+            for k in keys
+                .as_object()
+                .map(|m| m.keys().collect())
+                .unwrap_or(Vec::<&String>::new())
+            {
+                if !doc.contains(&format!("`{k}`")) && !doc.contains(&format!("`{section}.{k}`")) {
+                    missing.push(format!("{section}.{k}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in docs/Configuration-Reference.md: {missing:?}"
+        );
+    }
+
     /// Keys accepted only so that the original's config files load; init does not write them.
     const COMPAT_ONLY: &[&str] = &[
         "max_concurrent",

@@ -2,5 +2,6 @@
 //! CLI, real git repositories in temp dirs and a real Unix socket.
 
 mod chaos;
+mod cli;
 mod container;
 mod core;

@@ -112,6 +112,23 @@ impl Supervisor {
                 Ok(id) => {
                     // Replies only once the stopped state is on disk.
                     self.with_rush(&id, |r, fx| {
+                        // An ended rush keeps its outcome: stopping a complete rush must not
+                        // turn it into a stopped one (its workers exit by themselves). A failed
+                        // or stopped rush can still be stopped while a worker runs (`--force`
+                        // after a graceful stop).
+                        let ended = r.state() == RushState::Complete
+                            || (r.is_terminal() && r.live_workers().is_empty());
+                        if ended {
+                            let state = r.state();
+                            let feature = r.feature().to_string();
+                            fx.reply(
+                                reply,
+                                Err(SupervisorError::failed_precondition(format!(
+                                    "rush {feature} is already {state}; there is nothing to stop"
+                                ))),
+                            );
+                            return;
+                        }
                         let n = r.stop(req.force, now, wall, fx);
                         fx.reply(reply, Ok(n));
                     });

@@ -409,7 +409,8 @@ impl Rush {
         }
     }
 
-    fn live_workers(&self) -> Vec<u32> {
+    /// The slots whose worker is running (spawned and not yet exited).
+    pub fn live_workers(&self) -> Vec<u32> {
         self.rt_workers
             .iter()
             .filter(|(_, rt)| rt.spawned.is_some())

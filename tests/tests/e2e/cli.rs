@@ -1,0 +1,128 @@
+//! Every zergctl command against a live zergd, with snapshots of what people read. Paths, ids,
+//! times and durations are replaced by placeholders; everything else is compared as written.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use zerg_tests::*;
+
+const T: Duration = Duration::from_secs(120);
+
+/// The text of a command's stdout then stderr, with what changes from run to run replaced.
+fn shown(out: &std::process::Output) -> String {
+    let mut s = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.is_empty() {
+        s.push_str("--- stderr\n");
+        s.push_str(&err);
+    }
+    s.push_str(&format!("--- exit {}\n", out.status.code().unwrap_or(-1)));
+    s
+}
+
+fn settings(repo: &Path) -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("snapshots");
+    s.set_prepend_module_to_snapshot(false);
+    let repo = regex_escape(&repo.to_string_lossy());
+    s.add_filter(&repo, "[REPO]");
+    s.add_filter(r"/tmp/[^\s`'\]]+", "[TMP]");
+    s.add_filter(r"\b([a-z]+)-[0-9a-f]{9,12}\b", "$1-[ID]");
+    s.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]");
+    s.add_filter(r"\b\d+(ms|s|m\d\ds|h\d\dm)\b", "[DUR]");
+    s.add_filter(r"\[\d\d:\d\d:\d\d\]", "[CLOCK]");
+    // Which worker ran which task, and so how many each did, depends on timing.
+    s.add_filter(r"(attempts \d+) W\d", "$1 W?");
+    s.add_filter(r"done \d+ ", "done N ");
+    s
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if "\\.+*?()|[]{}^$#&-~".contains(c) {
+                format!("\\{c}")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_zergctl_command_against_a_live_zergd() {
+    let repo = TestRepo::new();
+    let d = Daemon::start();
+    let run = |args: &[&str]| d.ctl_in(&repo.path, args);
+    let s = settings(&repo.path);
+    s.bind(|| {
+        insta::assert_snapshot!("init", shown(&run(&["init"])));
+        insta::assert_snapshot!("init_again", shown(&run(&["init"])));
+
+        // A graph with two problems: both named, with the task and field.
+        std::fs::create_dir_all(repo.path.join(".gsd/specs/bad")).unwrap();
+        std::fs::write(
+            repo.path.join(".gsd/specs/bad/task-graph.json"),
+            json!({"feature": "bad", "tasks": [{"id": "B-1", "title": "x", "level": 1,
+                "dependencies": ["NOPE"],
+                "files": {"create": ["/etc/passwd"], "modify": [], "read": []}}]})
+            .to_string(),
+        )
+        .unwrap();
+        insta::assert_snapshot!("validate_bad", shown(&run(&["validate", "bad"])));
+        insta::assert_snapshot!("rush_bad", shown(&run(&["rush", "bad", "--detach"])));
+        insta::assert_snapshot!(
+            "rush_workers_out_of_range",
+            shown(&run(&["rush", "bad", "-w", "65"]))
+        );
+        insta::assert_snapshot!("status_unknown", shown(&run(&["status", "nope"])));
+
+        // One task fails for good and blocks its dependents; retry after the "fix".
+        repo.write_graph("cli", &graph_12("cli"));
+        // One retry: two failed attempts fail the task for good; the attempt after `retry`
+        // (the third) succeeds.
+        repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 1\n"));
+        let fail = json!([{"op": "exit", "code": 1}]);
+        repo.write_script(
+            "cli",
+            &json!({"default": [{"op": "write_owned"}],
+                    "tasks": {"G-L2-001": {"attempts": [fail, fail, [{"op": "write_owned"}]]}}}),
+        );
+        insta::assert_snapshot!("validate_ok", shown(&run(&["validate", "cli"])));
+        insta::assert_snapshot!(
+            "rush_detach",
+            shown(&run(&["rush", "cli", "-w", "2", "--detach"]))
+        );
+        let st = d.wait_end(&repo.path, "cli", T);
+        assert_eq!(st["state"], "failed", "{st}");
+        // Workers are told there is nothing left and exit; the snapshot is of that end state.
+        d.wait_for(&repo.path, "cli", T, "every worker done", |s| {
+            s["workers"].as_object().is_some_and(|w| {
+                w.values()
+                    .all(|w| w["status"] == "done" && w["last_exit"] != "")
+            })
+        });
+        insta::assert_snapshot!("status_failed", shown(&run(&["status", "cli"])));
+        let list = run(&["list", "--json"]);
+        let rushes: Value = serde_json::from_slice(&list.stdout).unwrap();
+        assert_eq!(rushes[0]["feature"], "cli");
+        insta::assert_snapshot!("list", shown(&run(&["list"])));
+        let logs = run(&["logs", "cli", "--tail", "2"]);
+        assert!(logs.status.success());
+        let text = String::from_utf8_lossy(&logs.stdout);
+        assert!(text.lines().all(|l| l.starts_with("[W")), "{text}");
+
+        insta::assert_snapshot!("retry", shown(&run(&["retry", "cli"])));
+        let st = d.wait_end(&repo.path, "cli", T);
+        assert_eq!(st["state"], "complete", "{st}");
+        insta::assert_snapshot!("stop_ended", shown(&run(&["stop", "cli"])));
+
+        let comp = run(&["completions", "bash"]);
+        assert!(comp.status.success());
+        assert!(String::from_utf8_lossy(&comp.stdout).contains("complete -F"));
+        let unit = run(&["service", "print"]);
+        let unit_text = String::from_utf8_lossy(&unit.stdout).to_string();
+        assert!(unit_text.contains("Type=notify"), "{unit_text}");
+    });
+}
