@@ -124,7 +124,79 @@ pub const ENV_DENYLIST: &[&str] = &[
 
 /// Whether `name` is in [`ENV_DENYLIST`].
 pub fn env_denied(name: &str) -> bool {
-    ENV_DENYLIST.iter().any(|d| match d.strip_suffix('*') {
+    matches_any(ENV_DENYLIST, name)
+}
+
+/// The variables of zergd's environment a subprocess worker inherits (a name ending in `*` is a
+/// prefix); everything else is left behind, so credentials and settings of unrelated tools do
+/// not reach code the agent writes. What a worker needs beyond these is named in the config
+/// (`agent.env_passthrough`). The denylist wins over both.
+pub const ENV_ALLOWLIST: &[&str] = &[
+    // The basics of a login environment.
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "XDG_*",
+    // Networks behind a proxy or with their own certificates.
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    // The agent CLI and the model providers it may use.
+    "ANTHROPIC_*",
+    "CLAUDE_*",
+    "AWS_*",
+    "GOOGLE_*",
+    "CLOUDSDK_*",
+    // Toolchains that verification commands run (`cargo test`, `go test`, `npm test`, …).
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "GOPATH",
+    "GOROOT",
+    "GOCACHE",
+    "GOMODCACHE",
+    "NVM_DIR",
+    "NODE_PATH",
+    "PYENV_ROOT",
+    "VIRTUAL_ENV",
+    "JAVA_HOME",
+    // Who commits.
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    // The agent's own settings.
+    "ZERG_LOG",
+    "ZERG_RECONNECT_TIMEOUT_SECONDS",
+    "RUST_BACKTRACE",
+];
+
+/// Whether a subprocess worker inherits `name` from zergd: allowed by [`ENV_ALLOWLIST`] or by
+/// `extra` (the rush's `agent.env_passthrough`, same syntax), and not denied.
+pub fn env_inherited(name: &str, extra: &[String]) -> bool {
+    !env_denied(name)
+        && (matches_any(ENV_ALLOWLIST, name)
+            || extra.iter().any(|p| matches_any(&[p.as_str()], name)))
+}
+
+fn matches_any(patterns: &[&str], name: &str) -> bool {
+    patterns.iter().any(|d| match d.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix),
         None => name == *d,
     })

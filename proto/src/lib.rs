@@ -11,9 +11,14 @@
 //! - [`transport`] connects a client to a socket path and finds the default socket.
 //! - [`contract`] is what zergd, its workers and the worker image agree on: the worker
 //!   environment, exit codes, the worker token and lease revocations, the image layout.
+//! - `symbols` (cargo feature `symbols`, which zergd and zergctl enable and the worker agent
+//!   does not) is the repository symbol map: a tree-sitter index of a commit and the
+//!   `## Relevant Symbols` section of each task's prompt.
 
 pub mod contract;
 pub mod graph;
+#[cfg(feature = "symbols")]
+pub mod symbols;
 pub mod transport;
 
 /// Generated code for the `zerg.v1` package.

@@ -14,12 +14,12 @@ use serde_json::Value;
 /// The target directory holding the workspace binaries.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/debug/deps/e2e-<hash> -> target/debug
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
+    // A test: target/<profile>/deps/e2e-<hash>; a binary of this crate (zerg-bench):
+    // target/<profile>/zerg-bench. Either way, target/<profile>.
+    let mut dir = exe.parent().expect("target dir").to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
     for b in ["zergd", "zergctl", "zerg-worker-agent", "fake-claude"] {
         assert!(
             dir.join(b).exists(),
@@ -133,7 +133,7 @@ impl TestRepo {
         std::fs::create_dir_all(self.path.join(".zerg")).expect("mkdir");
         let fake = bin("fake-claude");
         let text = format!(
-            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\"]\n  timeout_seconds: 120\n{}\n",
+            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\"]\n  timeout_seconds: 120\n  env_passthrough: [\"FAKE_CLAUDE_*\"]\n{}\n",
             fake.display(),
             extra
         );
@@ -435,6 +435,69 @@ pub fn tasks_with(status: &Value, want: &str) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// A graph of `levels` levels of `per_level` independent tasks each (every task of a level
+/// depends on nothing, so the levels are the only ordering); each task creates one file.
+pub fn graph_wide(feature: &str, levels: u32, per_level: u32) -> String {
+    let mut tasks = Vec::new();
+    for l in 1..=levels {
+        for i in 1..=per_level {
+            tasks.push(serde_json::json!({
+                "id": format!("W-L{l}-{i:05}"), "title": format!("Level {l} part {i}"), "level": l,
+                "dependencies": [],
+                "files": {"create": [format!("w/l{l}/t{i}.txt")], "modify": [], "read": []}
+            }));
+        }
+    }
+    serde_json::json!({"feature": feature, "tasks": tasks}).to_string()
+}
+
+/// What `/proc` says of one process: memory and CPU.
+pub mod procfs {
+    /// Resident set size and its peak (VmHWM), in KiB.
+    pub fn mem_kib(pid: i32) -> Option<(u64, u64)> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            s.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// CPU time (user + system) of the process itself, in seconds.
+    pub fn cpu_s(pid: i32) -> Option<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &s[s.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ is 100 on Linux.
+        Some(ticks as f64 / 100.0)
+    }
+
+    /// CPU time of the process and of every child it has waited for (and so of their
+    /// children in turn), in seconds: `utime + stime + cutime + cstime`.
+    pub fn cpu_tree_s(pid: i32) -> Option<f64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &s[s.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let mut ticks = 0u64;
+        for i in 11..=14 {
+            ticks += f.get(i)?.parse::<u64>().ok()?;
+        }
+        Some(ticks as f64 / 100.0)
+    }
+
+    /// Bytes the process has passed to write(2) and friends (`wchar` of `/proc/<pid>/io`).
+    pub fn written_bytes(pid: i32) -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        s.lines()
+            .find(|l| l.starts_with("wchar:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
 }
 
 /// The standard 12-task, 3-level graph. Level 2 tasks verify files made by *all* level-1

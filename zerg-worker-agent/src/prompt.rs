@@ -1,5 +1,6 @@
 //! The prompt given to the agent CLI (the original's layout, plus the handoff
-//! instructions for escalations and checkpoints).
+//! instructions for escalations and checkpoints, and the `## Relevant Symbols` section zergd
+//! computes from its symbol map and sends with the lease: the agent needs no grammar).
 
 use zerg_proto::v1;
 
@@ -39,6 +40,12 @@ pub fn build(task: &v1::Task, spec_context: &str) -> String {
                 p.push_str(&format!("{label}: {}\n", list.join(", ")));
             }
         }
+    }
+    let symbols = task.relevant_symbols.trim();
+    if !symbols.is_empty() {
+        p.push('\n');
+        p.push_str(symbols);
+        p.push('\n');
     }
     if !task.verification_command.is_empty() {
         p.push_str(&format!(
@@ -96,6 +103,32 @@ mod tests {
         assert!(p.contains("- parses"));
         assert!(p.contains("Do NOT commit"));
         assert!(p.contains("$ZERG_TASK_DIR/escalation.json"));
+    }
+
+    #[test]
+    fn the_relevant_symbols_section_follows_the_files_when_there_is_one() {
+        let section = "## Relevant Symbols\nDefinitions…\n\n### src/ledger.rs (modified)\n- L3 pub fn post(&mut self) -> bool\n";
+        let t = v1::Task {
+            id: "T1".into(),
+            title: "t".into(),
+            files_modify: vec!["src/ledger.rs".into()],
+            verification_command: "cargo test".into(),
+            relevant_symbols: section.into(),
+            ..Default::default()
+        };
+        let p = build(&t, "# Feature Context: f");
+        assert!(
+            p.contains("Modify: src/ledger.rs\n\n## Relevant Symbols\nDefinitions…\n\n### src/ledger.rs (modified)\n- L3 pub fn post(&mut self) -> bool\n\n## Verification"),
+            "{p}"
+        );
+        let without = build(
+            &v1::Task {
+                relevant_symbols: String::new(),
+                ..t
+            },
+            "# Feature Context: f",
+        );
+        assert!(!without.contains("Relevant Symbols"), "{without}");
     }
 
     #[test]

@@ -181,6 +181,22 @@ pub enum Command {
         #[arg(long)]
         print: bool,
     },
+    /// Print the repository symbol map of HEAD (or part of it), or with `--task` the
+    /// `## Relevant Symbols` section a task's prompt gets. Offline: no zergd needed.
+    Symbols {
+        /// Files or directories to show [default: every indexed file].
+        paths: Vec<String>,
+        /// Print the section of task TASK_ID of FEATURE, from the rush's staging branch if it
+        /// exists, else from HEAD.
+        #[arg(long, num_args = 2, value_names = ["FEATURE", "TASK_ID"], conflicts_with = "paths")]
+        task: Option<Vec<String>>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
 }
 
 /// `zergctl image` subcommands.
@@ -353,6 +369,12 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             follow,
             repo,
         } => cmd::logs::run(&socket, feature, worker, tail, follow, repo).await,
+        Command::Symbols {
+            paths,
+            task,
+            json,
+            repo,
+        } => cmd::symbols::run(paths, task, json, repo),
     }
 }
 

@@ -102,6 +102,8 @@ pub struct Assignment {
     pub attempt: u32,
     /// Acceptance criteria.
     pub acceptance_criteria: Vec<String>,
+    /// The prompt's `## Relevant Symbols` section (heading included); empty when there is none.
+    pub relevant_symbols: String,
 }
 
 /// The answer to a lease request.

@@ -42,6 +42,8 @@ pub struct Config {
     pub container: ContainerConfig,
     /// Resource limits for container workers.
     pub resources: ResourcesConfig,
+    /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
+    pub symbols: zerg_proto::symbols::Settings,
 }
 
 /// `workers:` section.
@@ -157,6 +159,9 @@ pub struct AgentConfig {
     /// Wall-clock limit for one agent run.
     #[serde(with = "seconds")]
     pub timeout_seconds: Duration,
+    /// Variables of zergd's environment that subprocess workers inherit beyond the built-in
+    /// allowlist (`MY_TOOL_TOKEN`, or a prefix such as `MY_TOOL_*`).
+    pub env_passthrough: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -168,6 +173,7 @@ impl Default for AgentConfig {
                 "--dangerously-skip-permissions".into(),
             ],
             timeout_seconds: Duration::from_secs_f64(1800.0),
+            env_passthrough: Vec::new(),
         }
     }
 }
@@ -443,6 +449,7 @@ impl Config {
         {
             return Err("resources.container_cpu_limit: must be positive".into());
         }
+        self.symbols.check()?;
         Ok(())
     }
 }
@@ -726,6 +733,33 @@ mod tests {
         "memory_gb",
         "disk_gb",
     ];
+
+    #[test]
+    fn the_symbols_section_is_typed_and_checked() {
+        let (c, w) = Config::parse(
+            "symbols: {languages: [rust, go], max_bytes_per_task: 2000}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert!(c.symbols.enabled);
+        assert_eq!(c.symbols.max_bytes_per_task, 2000);
+        assert_eq!(c.symbols.max_file_bytes, 1 << 20);
+        assert_eq!(c.symbols.languages.len(), 2);
+        let err = Config::parse("symbols: {languages: [cobol]}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("symbols.languages") && err.contains("cobol"),
+            "{err}"
+        );
+        let err = Config::parse("symbols: {max_bytes_per_task: 0}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("symbols.max_bytes_per_task"), "{err}");
+        let (_, w) = Config::parse("symbols: {enable: false}\n", "c.yaml").unwrap();
+        assert_eq!(w, ["c.yaml: unknown key symbols.enable (ignored)"]);
+    }
 
     #[test]
     fn memory_sizes() {

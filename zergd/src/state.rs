@@ -525,19 +525,30 @@ pub fn write_worker_files(
     dir: &Path,
     worker: u32,
     heartbeat: &serde_json::Value,
-    progress: &serde_json::Value,
+    progress: Option<&serde_json::Value>,
 ) {
-    for (name, value) in [
-        (format!("heartbeat-{worker}.json"), heartbeat),
+    let files = [
+        (format!("heartbeat-{worker}.json"), Some(heartbeat)),
         (format!("progress-{worker}.json"), progress),
-    ] {
+    ];
+    for (name, value) in files {
+        let Some(value) = value else { continue };
         let target = dir.join(&name);
         let mut bytes = serde_json::to_vec(value).unwrap_or_default();
         bytes.push(b'\n');
-        // No backup and no directory fsync: the files are rewritten on every heartbeat.
+        // Written whole and renamed into place, so a reader never sees half a file; not
+        // fsynced: the files are advisory, rewritten with every heartbeat, and a file lost to a
+        // power cut is written again by the next one.
         let result = fs::create_dir_all(dir)
             .map_err(io("create", dir))
-            .and_then(|()| synced_temp(dir, &target, &bytes))
+            .and_then(|()| {
+                let mut tmp = tempfile::Builder::new()
+                    .prefix(".tmp-")
+                    .tempfile_in(dir)
+                    .map_err(io("create temp in", dir))?;
+                tmp.write_all(&bytes).map_err(io("write", &target))?;
+                Ok(tmp)
+            })
             .and_then(|tmp| {
                 tmp.persist(&target)
                     .map(|_| ())

@@ -607,11 +607,23 @@ fn a_hostile_environment_neither_redirects_git_nor_leaks_the_api_key() {
     let repo = TestRepo::new();
     repo.write_graph("envf", &graph_12("envf"));
     repo.write_config(FAST_WORKERS);
-    // As if zergd were started from a shell inside another repository, with a preload set.
+    // What the agent CLI of one task sees, dumped outside the repository.
+    let seen = tempfile::tempdir().unwrap();
+    let dump = seen.path().join("env");
+    repo.write_script(
+        "envf",
+        &json!({"default": [{"op": "write_owned"}],
+                "tasks": {"G-L1-001": [
+                    {"op": "shell", "command": format!("env > {}", dump.display())},
+                    {"op": "write_owned"}]}}),
+    );
+    // As if zergd were started from a shell inside another repository, with a preload set and
+    // another tool's credentials in its environment.
     let d = Daemon::start_with_env(vec![
         ("GIT_DIR".into(), "/nonexistent/.git".into()),
         ("GIT_WORK_TREE".into(), "/nonexistent".into()),
         ("ANTHROPIC_API_KEY".into(), KEY.into()),
+        ("OTHER_TOOL_TOKEN".into(), "do-not-pass".into()),
     ]);
     let out = d.ctl_in(&repo.path, &["rush", "envf", "--workers", "3"]);
     assert!(
@@ -651,6 +663,21 @@ fn a_hostile_environment_neither_redirects_git_nor_leaks_the_api_key() {
     }
     let st = d.ctl_in(&repo.path, &["status", "envf", "--json"]);
     assert!(!String::from_utf8_lossy(&st.stdout).contains(KEY));
+    // The agent CLI got the key, and only what the allowlist lets through.
+    let env = std::fs::read_to_string(&dump).unwrap();
+    assert!(env.contains(&format!("ANTHROPIC_API_KEY={KEY}")), "{env}");
+    assert!(env.lines().any(|l| l.starts_with("PATH=")), "{env}");
+    for absent in [
+        "OTHER_TOOL_TOKEN=",
+        "GIT_DIR=",
+        "GIT_WORK_TREE=",
+        "ZERG_WORKER_TOKEN=",
+    ] {
+        assert!(
+            !env.lines().any(|l| l.starts_with(absent)),
+            "{absent} reached the agent CLI:\n{env}"
+        );
+    }
 }
 
 #[test]

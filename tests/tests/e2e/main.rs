@@ -5,3 +5,4 @@ mod chaos;
 mod cli;
 mod container;
 mod core;
+mod symbols;

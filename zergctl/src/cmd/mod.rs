@@ -1,4 +1,5 @@
-//! One module per zergctl command that talks to zergd (`validate` works offline).
+//! One module per zergctl command that talks to zergd (`validate` and `symbols` work
+//! offline).
 
 pub mod init;
 pub mod list;
@@ -7,4 +8,5 @@ pub mod retry;
 pub mod rush;
 pub mod status;
 pub mod stop;
+pub mod symbols;
 pub mod validate;

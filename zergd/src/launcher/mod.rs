@@ -50,6 +50,9 @@ pub struct WorkerSpec {
     pub agent_bin: PathBuf,
     /// Container settings (container mode only).
     pub container: ContainerSpec,
+    /// Variables of zergd's environment a subprocess worker inherits beyond the built-in
+    /// allowlist (`agent.env_passthrough`; a `*` suffix is a prefix).
+    pub env_passthrough: Vec<String>,
 }
 
 /// Container-mode settings from the rush config.

@@ -61,9 +61,13 @@ impl Launcher for SubprocessLauncher {
                 .try_clone()
                 .map_err(|e| SpawnError::new(format!("cannot open {}: {e}", log_path.display())))?;
             let mut cmd = Command::new(&spec.agent_bin);
-            for (k, _) in std::env::vars_os() {
-                if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
-                    cmd.env_remove(&k);
+            // Only allowlisted variables (and the rush's passthrough) reach the worker.
+            cmd.env_clear();
+            for (k, v) in std::env::vars_os() {
+                if k.to_str()
+                    .is_some_and(|k| zerg_proto::contract::env_inherited(k, &spec.env_passthrough))
+                {
+                    cmd.env(&k, &v);
                 }
             }
             cmd.current_dir(&spec.worktree)

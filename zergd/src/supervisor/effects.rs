@@ -22,6 +22,7 @@ impl Supervisor {
 
     /// Stops serving a forgotten rush's worker plane and removes its socket directory.
     pub(super) fn close_plane(&mut self, rush_id: &str) {
+        self.last_progress.retain(|(r, _), _| r != rush_id);
         if let Some(h) = self.planes.remove(rush_id) {
             h.abort();
         }
@@ -99,18 +100,39 @@ impl Supervisor {
                 });
             });
         }
+        if let Some(job) = fx.index {
+            let tx = self.tx.clone();
+            let rid = rush_id.to_string();
+            tokio::task::spawn_blocking(move || {
+                let result = jobs::build_symbols(&job);
+                let _ = tx.send(Event::Indexed {
+                    rush: rid,
+                    result: Box::new(result),
+                });
+            });
+        }
         if let Some(job) = fx.merge {
             let gates = r.config.quality_gates.clone();
             let feature = r.doc.feature.clone();
+            let repo = r.paths.repo.clone();
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             tokio::task::spawn_blocking(move || {
                 let level = job.level;
                 let result = jobs::run_merge(&job, &gates, &feature);
+                // Level N+1's prompts show what level N wrote: the map moves onto the new
+                // staging head before the next level is dispatched.
+                let symbols = match (&result, &job.symbols) {
+                    (MergeResult::Merged(head), Some((previous, settings))) => {
+                        Some(jobs::update_symbols(&repo, previous, head, settings))
+                    }
+                    _ => None,
+                };
                 let _ = tx.send(Event::Merged {
                     rush: rid,
                     level,
                     result,
+                    symbols,
                 });
             });
         }
@@ -203,6 +225,7 @@ impl Supervisor {
                 cpus: res.container_cpu_limit,
                 pids_limit: res.container_pids_limit,
             },
+            env_passthrough: r.config.agent.env_passthrough.clone(),
         })
     }
 }

@@ -1,5 +1,5 @@
 //! Blocking work the supervisor hands to `spawn_blocking`: preparing a rush (validation,
-//! snapshots, worktrees) and merging a level into staging.
+//! snapshots, worktrees), building its symbol map, and merging a level into staging.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
@@ -10,7 +10,9 @@ use std::time::{Duration, Instant as StdInstant, SystemTime};
 use crate::error::SupervisorError;
 use zerg_proto::graph::{self, GraphError, TaskGraph};
 
-use super::rush::{MergeJob, MergeResult, RushPaths, staging_branch, worker_branch};
+use super::rush::{
+    IndexJob, Indexed, MergeJob, MergeResult, RushPaths, staging_branch, worker_branch,
+};
 use crate::clock::iso_millis;
 use crate::config::{Config, QualityGate};
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
@@ -364,6 +366,7 @@ fn exclude_zerg_dirs(repo: &Path) {
         "/.zerg/state/",
         "/.zerg/logs/",
         "/.zerg/rush/",
+        "/.zerg/cache/",
         "/.zerg/monitor.log",
     ] {
         if !existing.lines().any(|l| l.trim() == line) {
@@ -433,6 +436,36 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         }
     }
     MergeResult::Merged(head)
+}
+
+/// Builds a rush's symbol map of `job.commit`, from the repository's cache
+/// (`.zerg/cache/symbols`) where it can. A panic in the indexer is an error, not a lost event.
+pub fn build_symbols(job: &IndexJob) -> Indexed {
+    let cache = zerg_proto::symbols::Cache::in_repo(&job.repo);
+    guarded(|| {
+        zerg_proto::symbols::build(&job.repo, &job.commit, &job.settings, Some(&cache))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Moves a symbol map onto a merged staging head, parsing only the files whose blob changed
+/// (see [`zerg_proto::symbols::update`]).
+pub fn update_symbols(
+    repo: &Path,
+    previous: &zerg_proto::symbols::SymbolIndex,
+    head: &str,
+    settings: &zerg_proto::symbols::Settings,
+) -> Indexed {
+    let cache = zerg_proto::symbols::Cache::in_repo(repo);
+    guarded(|| {
+        zerg_proto::symbols::update(previous, repo, head, settings, Some(&cache))
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn guarded(f: impl FnOnce() -> Indexed) -> Indexed {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err("the indexer panicked".to_string()))
 }
 
 /// How much of a command's output is kept in memory (the end of it), for status and errors.

@@ -167,6 +167,16 @@ pub enum Event {
         level: u32,
         /// Outcome.
         result: MergeResult,
+        /// The symbol map moved onto the merged head (`None` when the feature is off or the
+        /// merge did not produce a head).
+        symbols: Option<rush::Indexed>,
+    },
+    /// A rush's first symbol map was built (or could not be).
+    Indexed {
+        /// Rush id.
+        rush: String,
+        /// Outcome.
+        result: Box<rush::Indexed>,
     },
 }
 
@@ -232,6 +242,9 @@ pub struct Supervisor {
     watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// The last `progress-<N>.json` written per (rush, slot), so an unchanged one is not
+    /// rewritten on every heartbeat.
+    last_progress: HashMap<(String, u32), serde_json::Value>,
     /// monitor.log and events-file writers, opened on a rush's first event.
     monitors: HashMap<String, Monitor>,
     clock: Arc<dyn Clock>,
@@ -269,6 +282,7 @@ impl Supervisor {
                 container: Arc::new(cell),
             },
             planes: HashMap::new(),
+            last_progress: HashMap::new(),
             monitors: HashMap::new(),
             clock,
             settings,
@@ -454,8 +468,17 @@ impl Supervisor {
                 rush,
                 level,
                 result,
+                symbols,
             } => {
-                self.with_rush(&rush, |r, fx| r.on_merged(level, result, now, wall, fx));
+                self.with_rush(&rush, |r, fx| {
+                    if let Some(s) = symbols {
+                        r.on_reindexed(level, &result, s, wall);
+                    }
+                    r.on_merged(level, result, now, wall, fx)
+                });
+            }
+            Event::Indexed { rush, result } => {
+                self.with_rush(&rush, |r, fx| r.on_indexed(*result, now, wall, fx));
             }
             Event::Prepared { req, result, reply } => {
                 self.on_prepared(req, *result, reply, now, wall)

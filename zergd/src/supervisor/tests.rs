@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
@@ -15,6 +16,7 @@ use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
 use tonic::Code;
 use zerg_proto::graph::TaskGraph;
+use zerg_proto::symbols::{BuildStats, Grammar, SymbolIndex};
 use zerg_proto::v1;
 use zerg_proto::v1::lease_reply::Outcome;
 
@@ -109,6 +111,9 @@ impl H {
         let doc = super::jobs::initial_doc(&graph, meta, &paths, SystemTime::UNIX_EPOCH);
         let now = Instant::now();
         let mut r = Rush::new(doc, graph, config, paths, "feature context".into(), now);
+        // The symbol map is built by a blocking job that these tests do not run: they start
+        // with an empty one (the tests of the map itself hand one over with `on_indexed`).
+        r.symbols = Some(Arc::new(SymbolIndex::default()));
         r.dirty = false;
         H {
             r,
@@ -1717,6 +1722,7 @@ impl H {
             self.r.spec_context.clone(),
             self.now,
         );
+        self.r.symbols = Some(Arc::new(SymbolIndex::default()));
         self.leases.clear();
         let mut out = None;
         let grace = Duration::from_secs(10);
@@ -1854,4 +1860,152 @@ fn readoption_removes_containers_nobody_knows() {
         .collect();
     assert_eq!(orphans, vec!["old".to_string(), "future".to_string()]);
     assert_eq!(out.watch.len(), 1);
+}
+
+// === The symbol map behind each prompt ===
+
+/// A task that modifies one file and reads another.
+fn task_on(id: &str, level: u32, deps: &[&str], modify: &str, read: &str) -> Value {
+    let mut t = task(id, level, deps);
+    t["files"] = json!({"create": [], "modify": [modify], "read": [read]});
+    t
+}
+
+/// A map of `src/ledger.rs` (and `src/entry.rs` when `with_entry`) as of `commit`.
+fn ledger_map(commit: &str, with_entry: bool) -> SymbolIndex {
+    let mut ix = SymbolIndex::new(commit);
+    let ledger = "mod entry;\nuse self::entry::Entry;\n\npub struct Ledger;\n\nimpl Ledger {\n    pub fn post(&mut self, e: Entry) -> bool {\n        true\n    }\n}\n";
+    let blob = "1111111111111111111111111111111111111111";
+    ix.insert(
+        "src/ledger.rs",
+        blob,
+        zerg_proto::symbols::extract(Grammar::Rust, ledger.as_bytes()).unwrap(),
+    );
+    if with_entry {
+        let entry = "pub struct Entry {\n    pub cents: i64,\n}\n\npub fn reverse(e: &Entry) -> Entry {\n    Entry { cents: -e.cents }\n}\n";
+        ix.insert(
+            "src/entry.rs",
+            blob,
+            zerg_proto::symbols::extract(Grammar::Rust, entry.as_bytes()).unwrap(),
+        );
+    }
+    ix
+}
+
+#[test]
+fn leases_wait_for_the_symbol_map_and_carry_each_tasks_section() {
+    let mut h = H::new(
+        vec![
+            task_on("S-L1-001", 1, &[], "src/ledger.rs", "README.md"),
+            task_on("S-L2-001", 2, &["S-L1-001"], "src/main.rs", "src/entry.rs"),
+        ],
+        1,
+        config(|_| {}),
+    );
+    h.r.symbols = None;
+    let fx = h.start();
+    let job = fx
+        .index
+        .expect("the first symbol map is asked for at start");
+    assert_eq!(job.commit, "base");
+    assert_eq!(job.repo, PathBuf::from("/nonexistent/repo"));
+    assert!(h.r.indexing);
+    assert!(h.join(0).is_none(), "no lease before the map is there");
+    let fx = h.tick();
+    assert!(fx.index.is_none(), "asked for once");
+    let built = (ledger_map("base", false), BuildStats::default());
+    h.run(|r, now, wall, fx| r.on_indexed(Ok(built), now, wall, fx));
+    assert!(h.logged("symbols_indexed"));
+    let t = h.leased(0);
+    assert!(
+        t.relevant_symbols.starts_with("## Relevant Symbols\n"),
+        "{}",
+        t.relevant_symbols
+    );
+    assert!(
+        t.relevant_symbols.contains("### src/ledger.rs (modified)"),
+        "{}",
+        t.relevant_symbols
+    );
+    assert!(
+        t.relevant_symbols
+            .contains("  - L7 pub fn post(&mut self, e: Entry) -> bool"),
+        "{}",
+        t.relevant_symbols
+    );
+    // The level merge moves the map onto the merged head.
+    let fx = h.complete(0, &t);
+    let job = fx.merge.expect("level 1 merge");
+    let (previous, settings) = job.symbols.expect("the merge carries the map");
+    assert!(Arc::ptr_eq(&previous, h.r.symbols.as_ref().unwrap()));
+    assert_eq!(settings.max_bytes_per_task, 4096);
+    h.lease(0);
+    let merged = MergeResult::Merged("sha-L1".into());
+    let update = Ok((ledger_map("sha-L1", true), BuildStats::default()));
+    h.run(|r, now, wall, fx| {
+        r.on_reindexed(1, &merged, update, wall);
+        r.on_merged(1, merged.clone(), now, wall, fx)
+    });
+    assert!(h.logged("symbols_updated"));
+    let t = h.leased(0);
+    assert_eq!(t.id, "S-L2-001");
+    // What level 1 wrote is in level 2's prompt.
+    assert!(
+        t.relevant_symbols
+            .contains("- L5 pub fn reverse(e: &Entry) -> Entry"),
+        "{}",
+        t.relevant_symbols
+    );
+}
+
+#[test]
+fn a_map_that_cannot_be_built_or_updated_does_not_hold_the_rush() {
+    let mut h = H::new(
+        vec![
+            task_on("S-L1-001", 1, &[], "src/ledger.rs", "src/entry.rs"),
+            task_on(
+                "S-L2-001",
+                2,
+                &["S-L1-001"],
+                "src/ledger.rs",
+                "src/entry.rs",
+            ),
+        ],
+        1,
+        config(|_| {}),
+    );
+    h.r.symbols = None;
+    h.start();
+    assert!(h.join(0).is_none());
+    h.run(|r, now, wall, fx| r.on_indexed(Err("git exploded".into()), now, wall, fx));
+    assert!(h.logged("symbols_failed"));
+    let t = h.leased(0);
+    assert_eq!(t.relevant_symbols, "");
+    h.complete(0, &t);
+    // An update that comes with a refused merge is not taken.
+    let conflict = MergeResult::Conflict {
+        worker: 0,
+        files: vec!["src/ledger.rs".into()],
+    };
+    let update = Ok((ledger_map("sha-L1", true), BuildStats::default()));
+    h.run(|r, _, wall, _| r.on_reindexed(1, &conflict, update, wall));
+    assert_eq!(h.r.symbols.as_ref().unwrap().commit(), "");
+}
+
+#[test]
+fn with_symbols_off_nothing_is_indexed_and_prompts_have_no_section() {
+    let mut c = config(|_| {});
+    c.symbols.enabled = false;
+    let mut h = H::new(
+        vec![task_on("S-L1-001", 1, &[], "src/ledger.rs", "src/entry.rs")],
+        1,
+        c,
+    );
+    h.r.symbols = None;
+    let fx = h.start();
+    assert!(fx.index.is_none());
+    let t = h.join(0).expect("leased at once");
+    assert_eq!(t.relevant_symbols, "");
+    let fx = h.complete(0, &t);
+    assert!(fx.merge.expect("merge").symbols.is_none());
 }

@@ -43,8 +43,15 @@ impl Supervisor {
                     && let Some((hb, progress)) = r.worker_files(w, wall)
                 {
                     let dir = r.paths.state_dir.clone();
+                    // The progress file changes far less often than the heartbeat: rewrite it
+                    // only when it does.
+                    let key = (id.clone(), w);
+                    let progress = (self.last_progress.get(&key) != Some(&progress)).then(|| {
+                        self.last_progress.insert(key, progress.clone());
+                        progress
+                    });
                     tokio::task::spawn_blocking(move || {
-                        crate::state::write_worker_files(&dir, w, &hb, &progress)
+                        crate::state::write_worker_files(&dir, w, &hb, progress.as_ref())
                     });
                 }
                 let _ = reply.send(res);

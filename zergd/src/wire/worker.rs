@@ -265,6 +265,7 @@ impl From<LeaseOutcome> for v1::LeaseReply {
                     resume_from: a.resume_from.unwrap_or_default(),
                     attempt: a.attempt,
                     acceptance_criteria: a.acceptance_criteria,
+                    relevant_symbols: a.relevant_symbols,
                 })
             }
         };

@@ -445,6 +445,7 @@ pub(crate) mod tests {
                 cpus: 2.0,
                 pids_limit: 1024,
             },
+            env_passthrough: vec![],
         }
     }
 

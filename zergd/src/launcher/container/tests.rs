@@ -207,6 +207,7 @@ async fn real_engine_lifecycle() {
                 cpus: 1.0,
                 pids_limit: 64,
             },
+            env_passthrough: vec![],
         }
     };
     let s1 = mk(1);

@@ -59,6 +59,12 @@ impl Rush {
             heads,
             staging: self.paths.staging_worktree(),
             log_dir: self.paths.log_dir.clone(),
+            symbols: self.config.symbols.enabled.then(|| {
+                (
+                    self.symbols.clone().unwrap_or_default(),
+                    self.config.symbols.clone(),
+                )
+            }),
         });
     }
 

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::error::SupervisorError;
@@ -15,6 +16,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zerg_proto::graph::TaskGraph;
+use zerg_proto::symbols::{BuildStats, Settings as SymbolSettings, SymbolIndex};
 
 use crate::backoff::Backoff;
 use crate::calls::{
@@ -35,6 +37,7 @@ use zerg_proto::contract::{Revocation, WorkerExit};
 mod levels;
 mod lifecycle;
 mod recovery;
+mod symbols;
 mod tasks;
 mod timers;
 mod worker_rpc;
@@ -56,6 +59,8 @@ pub struct Effects {
     pub drain: Vec<(u32, Spawned, Duration)>,
     /// A level merge to run.
     pub merge: Option<MergeJob>,
+    /// A symbol map to build.
+    pub index: Option<IndexJob>,
     /// Replies to send once the state is saved.
     pub replies: Vec<Box<dyn FnOnce(Option<SupervisorError>) + Send>>,
     /// Worktrees to remove (the rush completed).
@@ -104,7 +109,24 @@ pub struct MergeJob {
     pub staging: PathBuf,
     /// Where each quality gate's full output goes (`.zerg/logs`).
     pub log_dir: PathBuf,
+    /// The symbol map to move onto the merged head, and its settings (`None` when
+    /// `symbols.enabled` is off).
+    pub symbols: Option<(Arc<SymbolIndex>, SymbolSettings)>,
 }
+
+/// A symbol map to build from a commit (the first of a rush, in a blocking job).
+#[derive(Debug, Clone)]
+pub struct IndexJob {
+    /// Repository root.
+    pub repo: PathBuf,
+    /// The commit to index: the staging head.
+    pub commit: String,
+    /// `symbols:` of the rush's config.
+    pub settings: SymbolSettings,
+}
+
+/// A built or updated symbol map with what building it did, or why it could not be built.
+pub type Indexed = Result<(SymbolIndex, BuildStats), String>;
 
 /// Result of a [`MergeJob`].
 #[derive(Debug, Clone)]
@@ -272,6 +294,11 @@ pub struct Rush {
     pub messages: Vec<MonitorEvent>,
     /// When the mass-staleness brake last fired.
     pub brake_at: Option<Instant>,
+    /// The symbol map of the staging head that prompts draw on; `None` until the first one is
+    /// built (never persisted: a restarted zergd builds it again, mostly from the cache).
+    pub symbols: Option<Arc<SymbolIndex>>,
+    /// A symbol map is being built; leases wait for it.
+    pub indexing: bool,
 }
 
 // === Construction and small helpers ===
@@ -301,6 +328,8 @@ impl Rush {
             escalations: Vec::new(),
             messages: Vec::new(),
             brake_at: None,
+            symbols: None,
+            indexing: false,
         }
     }
 

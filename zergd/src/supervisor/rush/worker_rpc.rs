@@ -209,6 +209,9 @@ impl Rush {
         if self.state() != RushState::Running || self.merging || self.rate_limited(wall) {
             return;
         }
+        if self.wait_for_symbols(fx) {
+            return;
+        }
         let parked: Vec<u32> = self
             .rt_workers
             .iter()
@@ -305,6 +308,7 @@ impl Rush {
             json!({"task_id": task_id, "worker_id": w, "lease_id": lease_id, "attempt": attempt}),
         );
         let t = self.graph.task(task_id).expect("task in graph");
+        let relevant_symbols = self.relevant_symbols(&t.files);
         Assignment {
             lease_id,
             task_id: t.id.clone(),
@@ -321,6 +325,7 @@ impl Rush {
             resume_from,
             attempt,
             acceptance_criteria: t.acceptance_criteria.clone(),
+            relevant_symbols,
         }
     }
 

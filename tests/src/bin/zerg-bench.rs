@@ -1,0 +1,658 @@
+//! zerg-bench: measures zerg end to end, with the real release binaries, real git and the
+//! stand-in agent CLI (`fake-claude`), and prints one JSON object on the last line of stdout.
+//!
+//! ```sh
+//! cargo build --release --workspace --bins
+//! cargo run --release -p zerg-tests --bin zerg-bench -- --json            # everything, 3 runs
+//! cargo run --release -p zerg-tests --bin zerg-bench -- --quick --json    # a smoke run for CI
+//! cargo run --release -p zerg-tests --bin zerg-bench -- --markdown out.json > section.md
+//! ```
+//!
+//! Each scenario reports its figures under the keys of the benchmark table in
+//! docs/benchmarks.md; a scenario that cannot run here reports why instead.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use zerg_tests::procfs::{cpu_s, cpu_tree_s, mem_kib, written_bytes};
+use zerg_tests::*;
+
+/// How long any one rush may take before the scenario is reported as not completing.
+const LIMIT: Duration = Duration::from_secs(900);
+
+/// Workers config for benchmarks: heartbeats every second, quick stops.
+const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_grace_seconds: 2\n";
+
+struct Opts {
+    quick: bool,
+    runs: usize,
+    vs_original: bool,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--markdown") {
+        let Some(path) = args.get(i + 1) else {
+            eprintln!("zerg-bench: --markdown needs the JSON file zerg-bench --json wrote");
+            std::process::exit(64);
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            eprintln!("zerg-bench: cannot read {path}: {e}");
+            std::process::exit(66)
+        });
+        let last = text.lines().rev().find(|l| l.trim_start().starts_with('{'));
+        let v: Value = match last.map(serde_json::from_str) {
+            Some(Ok(v)) => v,
+            _ => {
+                eprintln!("zerg-bench: {path} has no JSON result line");
+                std::process::exit(65)
+            }
+        };
+        print!("{}", markdown(&v));
+        return;
+    }
+    for a in &args {
+        if !matches!(a.as_str(), "--json" | "--quick" | "--vs-original") {
+            eprintln!(
+                "zerg-bench: unknown argument {a} (use --json, --quick, --vs-original, --markdown FILE)"
+            );
+            std::process::exit(64);
+        }
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let opts = Opts {
+        quick,
+        runs: if quick { 1 } else { 3 },
+        vs_original: args.iter().any(|a| a == "--vs-original"),
+    };
+    let started = Instant::now();
+    let mut results = BTreeMap::<String, Value>::new();
+    fn record(results: &mut BTreeMap<String, Value>, key: &str, v: Value) {
+        eprintln!("zerg-bench: {key} = {v}");
+        results.insert(key.to_string(), v);
+    }
+
+    record(
+        &mut results,
+        "git_commit_limit_per_s",
+        runs(&opts, || git_commit_limit(&opts)),
+    );
+    record(
+        &mut results,
+        "demo_wall_over_ideal",
+        runs(&opts, demo_wall_over_ideal),
+    );
+    let tp = runs_obj(&opts, || throughput(&opts));
+    for k in [
+        "throughput_tasks_per_s",
+        "zerg_cpu_ms_per_task",
+        "state_write_bytes_per_event",
+        "zergd_peak_rss_mb_throughput",
+    ] {
+        record(&mut results, k, tp.get(k).cloned().unwrap_or(Value::Null));
+    }
+    if let (Some(t), Some(g)) = (
+        results["throughput_tasks_per_s"]["median"].as_f64(),
+        results["git_commit_limit_per_s"]["median"].as_f64(),
+    ) {
+        record(
+            &mut results,
+            "throughput_over_git_limit",
+            json!(round(t / g, 3)),
+        );
+    }
+    if opts.quick {
+        record(
+            &mut results,
+            "big_rush_10k",
+            json!({"skipped": "not in --quick"}),
+        );
+    } else {
+        record(&mut results, "big_rush_10k", big_rush());
+    }
+    let crash = crash_reassign(&opts);
+    record(&mut results, "crash_reassign_ms_p50", crash["p50"].clone());
+    record(&mut results, "crash_reassign_ms_p99", crash["p99"].clone());
+    record(&mut results, "hang_detect_s", runs(&opts, hang_detect));
+    let idle = idle_workers(&opts);
+    for k in [
+        "zergd_rss_mb_50_workers",
+        "agent_rss_mb",
+        "heartbeat_cpu_pct_per_worker",
+    ] {
+        record(&mut results, k, idle.get(k).cloned().unwrap_or(Value::Null));
+    }
+    record(
+        &mut results,
+        "noisy_verify_overhead_ms",
+        runs(&opts, noisy_verify_overhead),
+    );
+    record(
+        &mut results,
+        "reconcile_ms_10k_tasks",
+        json!({"skipped": "measured in-process by `cargo bench -p zergd --bench supervisor` (reconciliation, thorough, 10,000 tasks)"}),
+    );
+    record(
+        &mut results,
+        "container_ready_s_10",
+        json!({"skipped": "not measured by this version of zerg-bench"}),
+    );
+    if opts.vs_original {
+        record(&mut results, "vs_original", vs_original());
+    }
+    let machine = json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory_gib": mem_total_gib(),
+        "quick": opts.quick,
+        "runs": opts.runs,
+        "seconds": round(started.elapsed().as_secs_f64(), 1),
+    });
+    let out = json!({"machine": machine, "results": results});
+    println!("{out}");
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+fn mem_total_gib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|kib| round(kib / 1024.0 / 1024.0, 1))
+        .unwrap_or(0.0)
+}
+
+/// Runs a scenario that yields one number `opts.runs` times: median, min, max and each run.
+fn runs(opts: &Opts, mut f: impl FnMut() -> Result<f64, String>) -> Value {
+    let mut xs = Vec::new();
+    for _ in 0..opts.runs {
+        match f() {
+            Ok(x) => xs.push(x),
+            Err(why) => return json!({"error": why}),
+        }
+    }
+    summary(&xs)
+}
+
+fn summary(xs: &[f64]) -> Value {
+    let mut s = xs.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let median = s[s.len() / 2];
+    json!({"median": round(median, 3), "min": round(s[0], 3), "max": round(s[s.len() - 1], 3), "runs": xs.iter().map(|x| round(*x, 3)).collect::<Vec<_>>()})
+}
+
+/// Runs a scenario that yields several numbers `opts.runs` times; a summary per number.
+fn runs_obj(
+    opts: &Opts,
+    mut f: impl FnMut() -> Result<BTreeMap<&'static str, f64>, String>,
+) -> BTreeMap<String, Value> {
+    let mut all: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..opts.runs {
+        match f() {
+            Ok(m) => {
+                for (k, v) in m {
+                    all.entry(k).or_default().push(v);
+                }
+            }
+            Err(why) => {
+                return [
+                    "throughput_tasks_per_s",
+                    "zerg_cpu_ms_per_task",
+                    "state_write_bytes_per_event",
+                ]
+                .iter()
+                .map(|k| (k.to_string(), json!({"error": why})))
+                .collect();
+            }
+        }
+    }
+    all.into_iter()
+        .map(|(k, v)| (k.to_string(), summary(&v)))
+        .collect()
+}
+
+/// `git add` + `git commit` of one file in a loop, on 2 processes at once: the machine's own
+/// limit for what a rush does once per task.
+fn git_commit_limit(opts: &Opts) -> Result<f64, String> {
+    let n = if opts.quick { 60 } else { 300 };
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    for d in &dirs {
+        git(d.path(), &["init", "-q", "-b", "main"]);
+    }
+    let t = Instant::now();
+    let handles: Vec<_> = dirs
+        .iter()
+        .map(|d| {
+            let p = d.path().to_path_buf();
+            std::thread::spawn(move || {
+                for i in 0..n {
+                    std::fs::write(p.join(format!("f{i}.txt")), "x").unwrap();
+                    git(&p, &["add", "-A"]);
+                    git(&p, &["commit", "-q", "-m", "c"]);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "a git loop panicked".to_string())?;
+    }
+    Ok((2 * n) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Runs `zergctl rush FEATURE` to its end; returns the wall time.
+fn rush_to_end(
+    d: &Daemon,
+    repo: &TestRepo,
+    feature: &str,
+    workers: u32,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", feature, "--workers", &workers.to_string()],
+    );
+    let wall = t.elapsed();
+    if !out.status.success() {
+        return Err(format!(
+            "rush {feature} did not complete: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    Ok(wall)
+}
+
+/// The 12-task, 3-level graph on 3 workers, the agent sleeping 1 s per task: wall time over
+/// the ideal (levels of 5, 4 and 3 tasks on 3 workers take 2 + 2 + 1 rounds of 1 s).
+fn demo_wall_over_ideal() -> Result<f64, String> {
+    let repo = TestRepo::new();
+    repo.write_graph("demo", &graph_12("demo"));
+    repo.write_config(BENCH_WORKERS);
+    repo.write_script(
+        "demo",
+        &json!({"default": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 1000}]}),
+    );
+    let d = Daemon::start();
+    let wall = rush_to_end(&d, &repo, "demo", 3)?;
+    Ok(wall.as_secs_f64() / 5.0)
+}
+
+/// Many one-file tasks: tasks per second, CPU of zergd and everything it ran (agents, their
+/// git, the stand-in agent CLI) per task, and bytes zergd wrote per event.
+fn throughput(opts: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
+    let (levels, per, workers) = if opts.quick {
+        (5, 40, 8)
+    } else {
+        (10, 100, 16)
+    };
+    let tasks = f64::from(levels * per);
+    let repo = TestRepo::new();
+    repo.write_graph("tp", &graph_wide("tp", levels, per));
+    repo.write_config(BENCH_WORKERS);
+    repo.write_script("tp", &json!({"default": [{"op": "write_owned"}]}));
+    let d = Daemon::start();
+    let pid = d.pid() as i32;
+    let cpu0 = cpu_tree_s(pid).unwrap_or(0.0);
+    let w0 = written_bytes(pid).unwrap_or(0);
+    let wall = rush_to_end(&d, &repo, "tp", workers)?;
+    // Workers exit after the rush; once zergd has reaped them their CPU is in its cutime.
+    let _ = d.wait_for(&repo.path, "tp", LIMIT, "workers exited", |s| {
+        s["workers"].as_object().is_some_and(|w| {
+            w.values()
+                .all(|w| w["status"] == "done" && w["last_exit"] != "")
+        })
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu = cpu_tree_s(pid).unwrap_or(0.0) - cpu0;
+    let written = written_bytes(pid).unwrap_or(0).saturating_sub(w0);
+    let events = std::fs::read_to_string(repo.path.join(".zerg/state/tp-events.jsonl"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+        .max(1);
+    let peak = mem_kib(pid).map(|m| m.1).unwrap_or(0);
+    let mut m = BTreeMap::new();
+    m.insert("throughput_tasks_per_s", tasks / wall.as_secs_f64());
+    m.insert("zerg_cpu_ms_per_task", cpu * 1000.0 / tasks);
+    m.insert(
+        "state_write_bytes_per_event",
+        written as f64 / events as f64,
+    );
+    m.insert("zergd_peak_rss_mb_throughput", peak as f64 / 1024.0);
+    Ok(m)
+}
+
+/// 10,000 tasks in 20 levels on 16 workers with a no-op agent: does it complete, how long,
+/// and zergd's peak RSS and bytes written per event.
+fn big_rush() -> Value {
+    let repo = TestRepo::new();
+    repo.write_graph("big", &graph_wide("big", 20, 500));
+    repo.write_config(BENCH_WORKERS);
+    repo.write_script("big", &json!({"default": [{"op": "write_owned"}]}));
+    let d = Daemon::start();
+    let pid = d.pid() as i32;
+    let w0 = written_bytes(pid).unwrap_or(0);
+    match rush_to_end(&d, &repo, "big", 16) {
+        Ok(wall) => {
+            let events = std::fs::read_to_string(repo.path.join(".zerg/state/big-events.jsonl"))
+                .map(|s| s.lines().count())
+                .unwrap_or(0)
+                .max(1);
+            let written = written_bytes(pid).unwrap_or(0).saturating_sub(w0);
+            json!({
+                "completed": true,
+                "wall_s": round(wall.as_secs_f64(), 1),
+                "tasks_per_s": round(10_000.0 / wall.as_secs_f64(), 1),
+                "zergd_peak_rss_mb": round(mem_kib(pid).map(|m| m.1).unwrap_or(0) as f64 / 1024.0, 1),
+                "state_write_bytes_per_event": round(written as f64 / events as f64, 0),
+            })
+        }
+        Err(why) => json!({"completed": false, "why": why}),
+    }
+}
+
+/// Pid of the worker running `task`, from status.
+fn worker_of(st: &Value, task: &str) -> Option<(String, i32)> {
+    st["workers"].as_object()?.iter().find_map(|(id, w)| {
+        (w["current_task"] == task && w["status"] == "running")
+            .then(|| w["pid"].as_i64().map(|p| (id.clone(), p as i32)))
+            .flatten()
+    })
+}
+
+/// `kill -9` of a worker mid-task, repeatedly: the time until its task runs on another worker.
+fn crash_reassign(opts: &Opts) -> Value {
+    let kills = if opts.quick { 3 } else { 20 };
+    let repo = TestRepo::new();
+    repo.write_graph("cr", &graph_wide("cr", 1, 4));
+    // Every killed slot is respawned (and so becomes a spare again), however often.
+    repo.write_config(&format!("{BENCH_WORKERS}  max_respawn_attempts: 100\n"));
+    // Four long tasks on six workers: two wait for work, as in any level with fewer tasks
+    // left than workers, and take over a crashed worker's task.
+    repo.write_script(
+        "cr",
+        &json!({"default": [{"op": "sleep_ms", "ms": 600000}]}),
+    );
+    let d = Daemon::start();
+    if !d
+        .ctl_in(&repo.path, &["rush", "cr", "--workers", "6", "--detach"])
+        .status
+        .success()
+    {
+        return json!({"error": "rush did not start"});
+    }
+    let mut samples = Vec::new();
+    for _ in 0..kills {
+        let st = d.wait_for(&repo.path, "cr", LIMIT, "four tasks running", |s| {
+            tasks_with(s, "in_progress").len() >= 4
+        });
+        let task = tasks_with(&st, "in_progress")[0].clone();
+        let Some((_, pid)) = worker_of(&st, &task) else {
+            continue;
+        };
+        let t = Instant::now();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // Running again, in a process other than the dead one (another slot, or the respawn).
+        loop {
+            if t.elapsed() > Duration::from_secs(60) {
+                return json!({"error": format!("task {task} was not reassigned within 60 s")});
+            }
+            if let Some(s) = d.status(&repo.path, "cr")
+                && worker_of(&s, &task).is_some_and(|(_, p)| p != pid)
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let _ = d.ctl_in(&repo.path, &["stop", "cr", "--force"]);
+    if samples.is_empty() {
+        return json!({"error": "no worker could be killed"});
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| samples[((samples.len() as f64 - 1.0) * p).round() as usize];
+    json!({"p50": {"median": round(pct(0.5), 1), "runs": samples.len()},
+           "p99": {"median": round(pct(0.99), 1), "runs": samples.len()}})
+}
+
+/// SIGSTOP of a worker mid-task with a 5 s stale threshold: seconds until its task is requeued.
+fn hang_detect() -> Result<f64, String> {
+    let repo = TestRepo::new();
+    repo.write_graph("hd", &graph_wide("hd", 1, 4));
+    repo.write_config("workers:\n  heartbeat_interval_seconds: 1\n  heartbeat_stale_threshold: 5\n  stop_grace_seconds: 1\n");
+    repo.write_script("hd", &json!({"default": [{"op": "sleep_ms", "ms": 60000}]}));
+    let d = Daemon::start();
+    if !d
+        .ctl_in(&repo.path, &["rush", "hd", "--workers", "4", "--detach"])
+        .status
+        .success()
+    {
+        return Err("rush did not start".into());
+    }
+    let st = d.wait_for(&repo.path, "hd", LIMIT, "four tasks running", |s| {
+        tasks_with(s, "in_progress").len() == 4
+    });
+    let task = tasks_with(&st, "in_progress")[0].clone();
+    let (_, pid) = worker_of(&st, &task).ok_or("no worker holds the task")?;
+    let t = Instant::now();
+    // The whole process group: the agent and the agent CLI stop together.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    );
+    let result = loop {
+        if t.elapsed() > Duration::from_secs(120) {
+            break Err(format!("task {task} was not requeued within 120 s"));
+        }
+        if let Some(s) = d.status(&repo.path, "hd")
+            && (s["tasks"][&task]["status"] != "in_progress"
+                || worker_of(&s, &task).is_some_and(|(_, p)| p != pid))
+        {
+            break Ok(t.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = d.ctl_in(&repo.path, &["stop", "hd", "--force"]);
+    result
+}
+
+/// 50 workers connected and heartbeating every second while their agent CLIs wait: zergd's
+/// RSS, the largest agent's peak RSS, and zergd's CPU per idle worker.
+fn idle_workers(opts: &Opts) -> BTreeMap<String, Value> {
+    let workers = 50;
+    let window = if opts.quick { 10 } else { 30 };
+    let repo = TestRepo::new();
+    repo.write_graph("idle", &graph_wide("idle", 1, workers));
+    repo.write_config(BENCH_WORKERS);
+    repo.write_script(
+        "idle",
+        &json!({"default": [{"op": "sleep_ms", "ms": 600000}]}),
+    );
+    let d = Daemon::start();
+    let zergd = d.pid() as i32;
+    let mut out = BTreeMap::new();
+    if !d
+        .ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "idle",
+                "--workers",
+                &workers.to_string(),
+                "--detach",
+            ],
+        )
+        .status
+        .success()
+    {
+        out.insert(
+            "zergd_rss_mb_50_workers".into(),
+            json!({"error": "rush did not start"}),
+        );
+        return out;
+    }
+    let st = d.wait_for(&repo.path, "idle", LIMIT, "every worker running", |s| {
+        tasks_with(s, "in_progress").len() == workers as usize
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let c0 = cpu_s(zergd).unwrap_or(0.0);
+    std::thread::sleep(Duration::from_secs(window));
+    let c1 = cpu_s(zergd).unwrap_or(0.0);
+    let rss = mem_kib(zergd).map(|m| m.0).unwrap_or(0) as f64 / 1024.0;
+    let agent_peak = st["workers"]
+        .as_object()
+        .map(|w| {
+            w.values()
+                .filter_map(|w| w["pid"].as_i64())
+                .filter_map(|p| mem_kib(p as i32).map(|m| m.1))
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0) as f64
+        / 1024.0;
+    let pct = (c1 - c0) / window as f64 * 100.0 / f64::from(workers);
+    out.insert(
+        "zergd_rss_mb_50_workers".into(),
+        json!({"median": round(rss, 1), "runs": 1}),
+    );
+    out.insert(
+        "agent_rss_mb".into(),
+        json!({"median": round(agent_peak, 1), "runs": 1}),
+    );
+    out.insert(
+        "heartbeat_cpu_pct_per_worker".into(),
+        json!({"median": round(pct, 4), "runs": 1, "window_s": window}),
+    );
+    let _ = d.ctl_in(&repo.path, &["stop", "idle", "--force"]);
+    out
+}
+
+const NOISY: &str = "head -c 10000000 /dev/zero | tr '\\0' x; echo";
+
+/// A verification that prints 10 MB, against the same rush with a silent one, minus the
+/// command run alone: what the draining and logging cost.
+fn noisy_verify_overhead() -> Result<f64, String> {
+    let t = Instant::now();
+    let st = Command::new("sh")
+        .args(["-c", NOISY])
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !st.success() {
+        return Err("the noisy command failed alone".into());
+    }
+    let alone = t.elapsed().as_secs_f64() * 1000.0;
+    let one = |verify: &str| -> Result<f64, String> {
+        let repo = TestRepo::new();
+        let graph = json!({"feature": "nv", "tasks": [{"id": "N-L1-001", "title": "noisy", "level": 1,
+            "files": {"create": ["n.txt"], "modify": [], "read": []},
+            "verification": {"command": verify, "timeout_seconds": 120}}]});
+        repo.write_graph("nv", &graph.to_string());
+        repo.write_config(BENCH_WORKERS);
+        let d = Daemon::start();
+        Ok(rush_to_end(&d, &repo, "nv", 1)?.as_secs_f64() * 1000.0)
+    };
+    let quiet = one("true")?;
+    let noisy = one(NOISY)?;
+    Ok(noisy - quiet - alone)
+}
+
+/// The original ZERG side by side: needs Python 3.12 or newer for `zerg-ai` 0.3.2.
+fn vs_original() -> Value {
+    for py in ["python3.14", "python3.13", "python3.12"] {
+        if Command::new(py)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return json!({"skipped": format!("{py} is here, but this version of zerg-bench does not drive the original yet")});
+        }
+    }
+    let v = Command::new("python3")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "no python3".into());
+    json!({"skipped": format!("zerg-ai 0.3.2 needs Python >= 3.12; this machine has {v} and none newer")})
+}
+
+/// The benchmark table of docs/benchmarks.md, from zerg-bench's JSON.
+fn markdown(v: &Value) -> String {
+    let m = &v["machine"];
+    let mut o = format!(
+        "Measured by `zerg-bench` on {} cores and {} GiB of memory, {} run(s) per figure{} ({} s in all).\n\n",
+        m["cores"],
+        m["memory_gib"],
+        m["runs"],
+        if m["quick"] == true {
+            ", quick sizes"
+        } else {
+            ""
+        },
+        m["seconds"]
+    );
+    o.push_str("| key | median | min | max | goal |\n|---|---|---|---|---|\n");
+    let goals = [
+        ("demo_wall_over_ideal", "≤ 1.10"),
+        ("throughput_tasks_per_s", "≥ 80"),
+        ("zerg_cpu_ms_per_task", "≤ 15"),
+        ("git_commit_limit_per_s", "report"),
+        ("throughput_over_git_limit", "report"),
+        ("big_rush_10k", "completes; zergd peak RSS < 64 MB"),
+        ("state_write_bytes_per_event", "≤ 4096"),
+        ("zergd_peak_rss_mb_throughput", "report"),
+        ("crash_reassign_ms_p50", "report"),
+        ("crash_reassign_ms_p99", "< 1000"),
+        ("hang_detect_s", "≤ 6"),
+        ("zergd_rss_mb_50_workers", "< 30"),
+        ("agent_rss_mb", "< 10"),
+        ("heartbeat_cpu_pct_per_worker", "< 0.1"),
+        ("reconcile_ms_10k_tasks", "< 5"),
+        ("noisy_verify_overhead_ms", "< 200"),
+        ("container_ready_s_10", "≤ 1.2 × plain docker run"),
+    ];
+    for (k, goal) in goals {
+        let r = &v["results"][k];
+        let cell = |f: &str| match &r[f] {
+            Value::Null => String::new(),
+            x => x.to_string(),
+        };
+        if r.get("median").is_some() {
+            o.push_str(&format!(
+                "| `{k}` | {} | {} | {} | {goal} |\n",
+                cell("median"),
+                cell("min"),
+                cell("max")
+            ));
+        } else if r.is_number() {
+            o.push_str(&format!("| `{k}` | {r} | | | {goal} |\n"));
+        } else if r.is_null() {
+            o.push_str(&format!("| `{k}` | not run | | | {goal} |\n"));
+        } else {
+            let text = r.to_string().replace('|', "\\|");
+            o.push_str(&format!("| `{k}` | {text} | | | {goal} |\n"));
+        }
+    }
+    if let Some(vs) = v["results"].get("vs_original") {
+        o.push_str(&format!("\nThe original ZERG, side by side: {vs}\n"));
+    }
+    o
+}
