@@ -149,8 +149,18 @@ fn main() {
         "runs": opts.runs,
         "seconds": round(started.elapsed().as_secs_f64(), 1),
     });
+    let failed: Vec<&String> = results
+        .iter()
+        .filter(|(_, v)| v.get("error").is_some() || v["completed"] == false)
+        .map(|(k, _)| k)
+        .collect();
+    let code = i32::from(!failed.is_empty());
+    if !failed.is_empty() {
+        eprintln!("zerg-bench: scenarios that did not run to their end: {failed:?}");
+    }
     let out = json!({"machine": machine, "results": results});
     println!("{out}");
+    std::process::exit(code);
 }
 
 fn round(x: f64, digits: i32) -> f64 {

@@ -907,3 +907,36 @@ fn the_live_view_on_a_terminal_has_one_line_per_worker_and_no_routine_lines() {
     );
     let _ = d.ctl_in(&repo.path, &["stop", "lv", "--force"]);
 }
+
+#[test]
+fn a_verification_that_prints_10_mb_passes_and_a_failing_one_shows_its_tail_in_status() {
+    let repo = TestRepo::new();
+    let loud = "head -c 10000000 /dev/zero | tr '\\0' x; echo";
+    let graph = json!({"feature": "loud", "tasks": [
+        {"id": "L-L1-001", "title": "loud and fine", "level": 1,
+         "files": {"create": ["ok.txt"], "modify": [], "read": []},
+         "verification": {"command": loud, "timeout_seconds": 120}},
+        {"id": "L-L1-002", "title": "loud and broken", "level": 1,
+         "files": {"create": ["bad.txt"], "modify": [], "read": []},
+         "verification": {"command": format!("{loud}; echo 'assertion failed: left == right'; exit 1"),
+                          "timeout_seconds": 120}}
+    ]});
+    repo.write_graph("loud", &graph.to_string());
+    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 0\n"));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "loud", "--workers", "2"]);
+    assert!(!out.status.success(), "one task fails its verification");
+    let st = d.status(&repo.path, "loud").expect("status");
+    assert_eq!(st["tasks"]["L-L1-001"]["status"], "complete", "{st}");
+    let t = &st["tasks"]["L-L1-002"];
+    assert_eq!(t["status"], "failed", "{t}");
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("assertion failed: left == right"), "the tail is in status: {error}");
+    assert!(error.len() < 4096, "and only the tail: {} bytes", error.len());
+    // The whole output is in the task's log.
+    let log = repo
+        .path
+        .join(".zerg/logs/tasks/L-L1-002/verification-tier2.txt");
+    let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 10_000_000, "{} has {size} bytes", log.display());
+}
