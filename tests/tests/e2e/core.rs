@@ -931,8 +931,15 @@ fn a_verification_that_prints_10_mb_passes_and_a_failing_one_shows_its_tail_in_s
     let t = &st["tasks"]["L-L1-002"];
     assert_eq!(t["status"], "failed", "{t}");
     let error = t["error"].as_str().unwrap();
-    assert!(error.contains("assertion failed: left == right"), "the tail is in status: {error}");
-    assert!(error.len() < 4096, "and only the tail: {} bytes", error.len());
+    assert!(
+        error.contains("assertion failed: left == right"),
+        "the tail is in status: {error}"
+    );
+    assert!(
+        error.len() < 4096,
+        "and only the tail: {} bytes",
+        error.len()
+    );
     // The whole output is in the task's log.
     let log = repo
         .path
