@@ -39,6 +39,9 @@ use crate::state::{Registry, RegistryEntry, StateStore};
 use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
+/// Free places a watcher's queue (64) must have for it to be sent a new status snapshot.
+const WATCH_ROOM: usize = 16;
+
 /// Reply channel type.
 pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 
@@ -391,15 +394,29 @@ impl Supervisor {
                 changed_registry = true;
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
-                    // One event per line; the last one carries the new status.
+                    ws.retain(|w| !w.is_closed());
+                    // One event per line; the last one carries the new status. A watcher that
+                    // is behind gets the lines but not every snapshot: it needs only the
+                    // latest, and a snapshot of a large rush is megabytes. A snapshot of a
+                    // rush that is not running (paused, ended: a follower may be waiting for
+                    // exactly that one) always goes out.
                     let n = msgs.len().max(1);
-                    let status = crate::wire::status::rush_status(r);
-                    for i in 0..n {
-                        let ev = crate::wire::status::watch_event(
-                            msgs.get(i),
-                            (i + 1 == n).then(|| status.clone()),
-                        );
-                        ws.retain(|w| w.try_send(Ok(ev.clone())).is_ok() || !w.is_closed());
+                    let ended = r.state() != RushState::Running;
+                    let mut status: Option<v1::RushStatus> = None;
+                    for w in ws.iter() {
+                        let room = w.capacity() >= WATCH_ROOM;
+                        for i in 0..n {
+                            let st = (i + 1 == n && (room || ended)).then(|| {
+                                status
+                                    .get_or_insert_with(|| crate::wire::status::rush_status(r))
+                                    .clone()
+                            });
+                            if msgs.get(i).is_none() && st.is_none() {
+                                continue;
+                            }
+                            let _ =
+                                w.try_send(Ok(crate::wire::status::watch_event(msgs.get(i), st)));
+                        }
                     }
                 }
             }
