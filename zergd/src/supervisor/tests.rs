@@ -2009,3 +2009,37 @@ fn with_symbols_off_nothing_is_indexed_and_prompts_have_no_section() {
     let fx = h.complete(0, &t);
     assert!(fx.merge.expect("merge").symbols.is_none());
 }
+
+#[test]
+fn escalations_name_a_task_of_the_rush_and_cannot_flood_it() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    h.join(0).expect("task");
+    let esc = |h: &mut H, task_id: &str| {
+        let req = crate::calls::EscalationReport {
+            caller: h.wref(0),
+            task_id: task_id.into(),
+            category: "ambiguous_spec".into(),
+            message: "which format?".into(),
+            context_json: String::new(),
+        };
+        let mut res = Ok(());
+        h.run(|r, _, wall, fx| res = r.on_escalate(req, wall, fx));
+        res
+    };
+    assert_eq!(
+        esc(&mut h, "NOT-A-TASK").err().map(|e| e.code()),
+        Some(Code::NotFound)
+    );
+    for _ in 0..10 {
+        esc(&mut h, "A-L1-001").expect("accepted");
+    }
+    let err = esc(&mut h, "A-L1-001").unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("too many escalations"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(h.r.escalations.len(), 10);
+}

@@ -23,13 +23,11 @@ pub(crate) fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), S
     let area = worker_git_dir(&g.common_dir, spec.worker_id);
     let logs = worker_log_dir(&spec.log_dir, spec.worker_id);
     // The mount point inside the worktree is created here, not by the engine (which would make
-    // it root-owned).
-    for d in [
-        spec.worktree.join(".gsd/specs").join(&spec.feature),
-        logs.clone(),
-    ] {
-        fs::create_dir_all(&d).map_err(ctx("cannot create", &d))?;
-    }
+    // it root-owned), and without following anything a worker left in its worktree.
+    let mount_point = Path::new(".gsd/specs").join(&spec.feature);
+    dir_below(&spec.worktree, &mount_point)
+        .map_err(ctx("cannot create", &spec.worktree.join(&mount_point)))?;
+    fs::create_dir_all(&logs).map_err(ctx("cannot create", &logs))?;
     write_private_git_dir(g, &area, spec)
         .map_err(ctx("cannot prepare the worker's git dir", &area))?;
     if facts.remapped {
@@ -232,4 +230,57 @@ pub(crate) fn set_group_bits(
         fs::set_permissions(path, fs::Permissions::from_mode(mode | want))?;
     }
     Ok(())
+}
+
+/// Makes `root/rel` a directory, one component at a time, replacing whatever a worker left on
+/// the way that is not a directory (a symlink to elsewhere, a file): nothing outside `root` is
+/// ever created or followed. `rel` is relative and has no `..`.
+pub(crate) fn dir_below(root: &Path, rel: &Path) -> io::Result<()> {
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        let std::path::Component::Normal(name) = c else {
+            return Err(io::Error::other(format!(
+                "{} is not a plain relative path",
+                rel.display()
+            )));
+        };
+        at.push(name);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => fs::remove_file(&at)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        fs::create_dir(&at)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod dir_tests {
+    use super::*;
+
+    #[test]
+    fn the_mount_point_is_made_inside_the_worktree_whatever_the_worker_left() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let wt = root.path();
+        // A worker replaced `.gsd` with a symlink out of its worktree, and `specs` with a file.
+        std::os::unix::fs::symlink(outside.path(), wt.join(".gsd")).unwrap();
+        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
+        assert!(fs::symlink_metadata(wt.join(".gsd")).unwrap().is_dir());
+        assert!(wt.join(".gsd/specs/feat").is_dir());
+        assert_eq!(
+            fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "nothing made outside"
+        );
+        fs::remove_dir_all(wt.join(".gsd/specs")).unwrap();
+        fs::write(wt.join(".gsd/specs"), "not a dir").unwrap();
+        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
+        assert!(wt.join(".gsd/specs/feat").is_dir());
+        // Already there: nothing changes, and nothing but plain relative paths is accepted.
+        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
+        assert!(dir_below(wt, Path::new("../x")).is_err());
+    }
 }

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Unresolved escalations kept per task, and per rush.
+const MAX_ESCALATIONS_PER_TASK: usize = 10;
+const MAX_ESCALATIONS: usize = 1000;
+
 /// The longest a usage limit a worker reports may hold new work: 6 hours (Claude's limits
 /// reset within 5).
 const MAX_RATE_LIMIT_PAUSE_MS: i64 = 6 * 3600 * 1000;
@@ -668,6 +672,25 @@ impl Rush {
     ) -> Result<(), SupervisorError> {
         let r = &req.caller;
         self.check_generation(r)?;
+        // A worker escalates about a task of this rush, and cannot flood the list a person
+        // has to read.
+        if !self.doc.tasks.contains_key(&req.task_id) {
+            return Err(SupervisorError::not_found(format!(
+                "task_id: rush {} has no task {:?}",
+                self.feature(),
+                req.task_id
+            )));
+        }
+        let for_task = self
+            .escalations
+            .iter()
+            .filter(|e| e.task_id == req.task_id)
+            .count();
+        if for_task >= MAX_ESCALATIONS_PER_TASK || self.escalations.len() >= MAX_ESCALATIONS {
+            return Err(SupervisorError::failed_precondition(format!(
+                "too many escalations (at most {MAX_ESCALATIONS_PER_TASK} per task and {MAX_ESCALATIONS} per rush); resolve the ones in status first"
+            )));
+        }
         let esc = Escalation {
             worker_id: r.worker,
             task_id: req.task_id.clone(),
