@@ -122,6 +122,26 @@ pub const ENV_DENYLIST: &[&str] = &[
     "GIT_CONFIG_VALUE_*",
 ];
 
+/// A command for `program` that inherits none of the denylisted variables of this process's
+/// environment (a `GIT_DIR` or an `LD_PRELOAD` must not redirect or load into it) and runs with
+/// [`GIT_ENV`]'s no-prompt settings. Every git that zergd and zergctl run, and every quality
+/// gate, starts from this. (The worker agent's environment was already built by zergd.)
+pub fn scrubbed_command(program: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(env_denied) {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.envs(GIT_ENV.iter().copied());
+    cmd
+}
+
+/// Whether `s` is a full object id: 40 lowercase hex digits (SHA-1) or 64 (SHA-256).
+pub fn is_object_id(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Whether `name` is in [`ENV_DENYLIST`].
 pub fn env_denied(name: &str) -> bool {
     matches_any(ENV_DENYLIST, name)

@@ -269,6 +269,21 @@ pub async fn connect(socket: &Path) -> Result<ControlClient<Channel>, CliError> 
     }
 }
 
+/// Runs git in `dir` (scrubbed, no prompts) and returns trimmed stdout, or stderr as the error.
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = zerg_proto::contract::scrubbed_command("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 pub(crate) fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
     let p = match repo {
         Some(p) => p,

@@ -399,18 +399,22 @@ fn parse_doc(bytes: &[u8], path: &Path) -> Result<StateDoc, StoreError> {
 
 type LockFn<'a> = &'a dyn Fn() -> Result<Flock<File>, StoreError>;
 
-/// A temporary file in `dir` holding `bytes`, fsynced: the first half of every atomic write here.
-fn synced_temp(
+/// A temporary file in `dir` holding `bytes`, fsynced when `sync`: the first half of every
+/// atomic write here.
+fn temp_with(
     dir: &Path,
     target: &Path,
     bytes: &[u8],
+    sync: bool,
 ) -> Result<tempfile::NamedTempFile, StoreError> {
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .tempfile_in(dir)
         .map_err(io("create temp in", dir))?;
     tmp.write_all(bytes).map_err(io("write", target))?;
-    tmp.as_file().sync_all().map_err(io("fsync", target))?;
+    if sync {
+        tmp.as_file().sync_all().map_err(io("fsync", target))?;
+    }
     Ok(tmp)
 }
 
@@ -427,7 +431,7 @@ pub fn write_atomic(
         Some(l) => Some(l()?),
         None => None,
     };
-    let tmp = synced_temp(dir, target, bytes)?;
+    let tmp = temp_with(dir, target, bytes, true)?;
     if target.exists() {
         let mut bak = target.as_os_str().to_owned();
         bak.push(".bak");
@@ -541,14 +545,7 @@ pub fn write_worker_files(
         // power cut is written again by the next one.
         let result = fs::create_dir_all(dir)
             .map_err(io("create", dir))
-            .and_then(|()| {
-                let mut tmp = tempfile::Builder::new()
-                    .prefix(".tmp-")
-                    .tempfile_in(dir)
-                    .map_err(io("create temp in", dir))?;
-                tmp.write_all(&bytes).map_err(io("write", &target))?;
-                Ok(tmp)
-            })
+            .and_then(|()| temp_with(dir, &target, &bytes, false))
             .and_then(|tmp| {
                 tmp.persist(&target)
                     .map(|_| ())

@@ -33,13 +33,7 @@ pub(crate) struct TreeEntry {
 const HARD_BLOB_LIMIT: u64 = 64 << 20;
 
 fn git(repo: &Path) -> Command {
-    let mut cmd = Command::new("git");
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(crate::contract::env_denied) {
-            cmd.env_remove(&k);
-        }
-    }
-    cmd.envs(crate::contract::GIT_ENV.iter().copied());
+    let mut cmd = crate::contract::scrubbed_command("git");
     cmd.arg("-C").arg(repo);
     cmd.stdin(Stdio::null());
     cmd
@@ -61,9 +55,7 @@ fn run(repo: &Path, args: &[&str]) -> Result<Vec<u8>, SymbolError> {
     Ok(out.stdout)
 }
 
-fn is_object_id(s: &str) -> bool {
-    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
+use crate::contract::is_object_id;
 
 /// The commit a revision names.
 pub(crate) fn resolve_commit(repo: &Path, rev: &str) -> Result<String, SymbolError> {

@@ -37,22 +37,17 @@ pub fn run(repo: Option<PathBuf>) -> Result<u8, CliError> {
 }
 
 fn toplevel(dir: &Path) -> Result<PathBuf, CliError> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["rev-parse", "--show-toplevel"])
-        .output()
-        .map_err(|e| CliError::new(code::INTERNAL, format!("cannot run git: {e}")))?;
-    if !out.status.success() {
-        return Err(CliError::new(
-            code::USAGE,
-            format!(
-                "{} is not inside a git repository; run `git init` there first",
-                dir.display()
-            ),
-        ));
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::git(dir, &["rev-parse", "--show-toplevel"])
+        .map(PathBuf::from)
+        .map_err(|_| {
+            CliError::new(
+                code::USAGE,
+                format!(
+                    "{} is not inside a git repository; run `git init` there first",
+                    dir.display()
+                ),
+            )
+        })
 }
 
 /// Does the work in the repository at `root`; returns one line per thing done or kept.

@@ -10,12 +10,11 @@
 //! `.zerg/config.yaml`. Both share zergd's cache (`.zerg/cache/symbols`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::json;
 use zerg_proto::symbols::{self, Cache, Settings, SymbolIndex};
 
-use crate::{CliError, code};
+use crate::{CliError, code, git};
 
 /// Runs `zergctl symbols`.
 pub fn run(
@@ -52,26 +51,6 @@ pub fn run(
             map(&root, &prefix, &paths, json)
         }
     }
-}
-
-fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
-    let mut cmd = Command::new("git");
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
-            cmd.env_remove(&k);
-        }
-    }
-    let out = cmd
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// The `symbols:` section of a config file; the defaults when the file does not exist.

@@ -2,7 +2,7 @@
 //! as a child process; nothing here touches the user's checkout except to read `HEAD`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 pub mod objects;
 
@@ -18,19 +18,7 @@ pub struct GitError {
     pub stderr: String,
 }
 
-/// A command for `program` that inherits none of zergd's denylisted variables (a `GIT_DIR` or
-/// an `LD_PRELOAD` in zergd's own environment must not redirect or load into it) and runs with
-/// git's no-prompt settings. Every git zergd runs, and every quality gate, starts from this.
-pub fn scrubbed(program: &str) -> Command {
-    let mut cmd = Command::new(program);
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(zerg_proto::contract::env_denied) {
-            cmd.env_remove(&k);
-        }
-    }
-    cmd.envs(zerg_proto::contract::GIT_ENV.iter().copied());
-    cmd
-}
+pub use zerg_proto::contract::{is_object_id, scrubbed_command as scrubbed};
 
 /// Runs git in `dir` and returns trimmed stdout.
 pub fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
@@ -184,11 +172,6 @@ pub fn merge_into(
             }
         }
     }
-}
-
-/// Whether `s` is a full object id: 40 lowercase hex digits (SHA-1) or 64 (SHA-256).
-pub fn is_object_id(s: &str) -> bool {
-    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Checks a commit a worker reports before zergd accepts it: it exists in the repository, it
