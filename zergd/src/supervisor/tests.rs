@@ -1044,6 +1044,33 @@ fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
 }
 
 #[test]
+fn a_worker_killed_mid_task_is_respawned_at_once_every_time_within_the_cap() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    for crash in 1..=5u32 {
+        let t = h.join(0).expect("a task");
+        let fx = h.exit(0, ExitInfo::Signal(9));
+        // The task's own crash cap (max(3, max_respawn_attempts) = 5) is not reached yet.
+        assert_eq!(h.task(&t.id).crashes, crash);
+        assert_eq!(h.worker(0).respawn_times_ms.len(), crash as usize);
+        assert_eq!(
+            fx.spawn,
+            vec![(0, u64::from(crash) + 1)],
+            "crash {crash} mid-task: respawned at once, no backoff"
+        );
+        assert_eq!(h.worker(0).status, WorkerStatus::Starting);
+        h.advance(Duration::from_secs(1));
+    }
+    // A task that keeps killing its worker is failed by its own crash count, and nothing is
+    // respawned for it.
+    h.join(0).expect("a task");
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.task("A-L1-001").status, TaskStatus::Failed);
+    assert_ne!(h.worker(0).status, WorkerStatus::Starting);
+}
+
+#[test]
 fn respawns_older_than_the_window_are_forgotten() {
     let mut h = H::new(
         vec![task("A-L1-001", 1, &[])],

@@ -303,7 +303,10 @@ impl Rush {
         let exit = code.and_then(WorkerExit::from_code);
 
         // The task the worker held goes back to the queue (FR-5).
-        if let Some(t) = task.filter(|t| self.task_status(t) == Some(TaskStatus::InProgress)) {
+        let mid_task = task
+            .as_deref()
+            .is_some_and(|t| self.task_status(t) == Some(TaskStatus::InProgress));
+        if let Some(t) = task.filter(|_| mid_task) {
             if exit == Some(WorkerExit::Checkpoint) {
                 self.requeue(&t, "checkpoint", wall);
             } else if !expected {
@@ -393,7 +396,7 @@ impl Rush {
             Some(WorkerExit::Success) => {
                 // An agent that exits 0 while work remains (for example a late `Done` from an
                 // earlier run) is replaced, without counting it as a crash.
-                self.respawn(w, false, &desc, now, wall, fx);
+                self.respawn(w, false, false, &desc, now, wall, fx);
             }
             Some(WorkerExit::Blocked) => {
                 let reason = self
@@ -421,17 +424,22 @@ impl Rush {
                 // Checkpoints, escalations and supervisor-initiated stops are not crashes and do
                 // not count against the respawn cap.
                 let counted = !expected && !deliberate;
-                self.respawn(w, counted, &desc, now, wall, fx);
+                self.respawn(w, counted, mid_task, &desc, now, wall, fx);
             }
         }
         self.dispatch(now, wall, fx);
     }
 
     /// Keeps the worker count at target (FR-6), within the respawn cap.
+    ///
+    /// A worker that died holding a task is respawned at once, however often: it had started
+    /// and registered, so the slot is not what fails, and a task that kills every worker it
+    /// lands on is failed by its own crash count. Other repeated exits back off.
     pub(super) fn respawn(
         &mut self,
         w: u32,
         counted: bool,
+        mid_task: bool,
         why: &str,
         now: Instant,
         wall: SystemTime,
@@ -487,7 +495,7 @@ impl Rush {
         let n = ws.respawn_times_ms.len() as u32;
         self.doc.rush.resilience.worker_respawns += 1;
         // First respawn at once, later ones with the spawn backoff (like a crash-loop backoff).
-        let delay = if n <= 1 {
+        let delay = if n <= 1 || mid_task {
             Duration::ZERO
         } else {
             self.spawn_backoff().jittered(n - 1)
