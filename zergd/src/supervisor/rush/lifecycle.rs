@@ -396,7 +396,17 @@ impl Rush {
             Some(WorkerExit::Success) => {
                 // An agent that exits 0 while work remains (for example a late `Done` from an
                 // earlier run) is replaced, without counting it as a crash.
-                self.respawn(w, false, false, &desc, now, wall, fx);
+                self.respawn(
+                    w,
+                    Cause {
+                        counted: false,
+                        mid_task: false,
+                    },
+                    &desc,
+                    now,
+                    wall,
+                    fx,
+                );
             }
             Some(WorkerExit::Blocked) => {
                 let reason = self
@@ -424,7 +434,7 @@ impl Rush {
                 // Checkpoints, escalations and supervisor-initiated stops are not crashes and do
                 // not count against the respawn cap.
                 let counted = !expected && !deliberate;
-                self.respawn(w, counted, mid_task, &desc, now, wall, fx);
+                self.respawn(w, Cause { counted, mid_task }, &desc, now, wall, fx);
             }
         }
         self.dispatch(now, wall, fx);
@@ -432,14 +442,15 @@ impl Rush {
 
     /// Keeps the worker count at target (FR-6), within the respawn cap.
     ///
+    /// `cause.counted` exits count against the cap.
+    ///
     /// A worker that died holding a task is respawned at once, however often: it had started
     /// and registered, so the slot is not what fails, and a task that kills every worker it
     /// lands on is failed by its own crash count. Other repeated exits back off.
     pub(super) fn respawn(
         &mut self,
         w: u32,
-        counted: bool,
-        mid_task: bool,
+        Cause { counted, mid_task }: Cause,
         why: &str,
         now: Instant,
         wall: SystemTime,
@@ -557,4 +568,13 @@ impl Rush {
     pub(super) fn has_open_work(&self) -> bool {
         self.doc.tasks.values().any(|t| !t.status.is_terminal())
     }
+}
+
+/// What ended the worker that is being respawned.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cause {
+    /// The exit counts against the respawn cap (a crash, not a stop zergd asked for).
+    pub counted: bool,
+    /// The worker held a task when it died.
+    pub mid_task: bool,
 }
