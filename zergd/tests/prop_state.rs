@@ -2,12 +2,13 @@
 //! file holds, loading returns instead of panicking and an error names the file; and a
 //! generated [`StateDoc`] saved and loaded again is the same document.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{Value, json};
+use sha2::Digest;
 use zergd::domain::{LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus};
 use zergd::state::{
     Counters, FORMAT_VERSION, LevelState, LogEntry, RushMeta, StateDoc, StateStore, StoreError,
@@ -271,12 +272,21 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
             any::<i64>(),
             any::<[u64; 5]>(),
             texts(),
+            any::<u64>(),
         ),
     )
         .prop_map(
             |(
                 (rush_id, repo, mode, workers, state, reason, base_branch, base_commit),
-                (staging_head, spec_dir, finished_at, rate_limited_until_ms, c, warnings),
+                (
+                    staging_head,
+                    spec_dir,
+                    finished_at,
+                    rate_limited_until_ms,
+                    c,
+                    warnings,
+                    journal_seq,
+                ),
             )| RushMeta {
                 rush_id,
                 repo,
@@ -298,6 +308,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
                     reconcile_fixes: c[4],
                 },
                 warnings,
+                journal_seq,
             },
         )
 }
@@ -337,10 +348,10 @@ fn state_doc() -> impl Strategy<Value = StateDoc> {
                 feature,
                 started_at,
                 current_level,
-                tasks,
-                workers,
-                levels,
-                execution_log: VecDeque::from(log),
+                tasks: tasks.into(),
+                workers: workers.into(),
+                levels: levels.into(),
+                execution_log: log.into(),
                 metrics,
                 paused,
                 error,
@@ -389,6 +400,59 @@ proptest! {
     ) {
         let (result, path) = load_bytes(tokens.concat().as_bytes());
         check_names_file(&result, &path);
+    }
+
+    #[test]
+    fn any_journal_beside_a_good_state_file_loads_and_a_note_names_the_journal(
+        doc in state_doc(),
+        lines in prop::collection::vec(
+            (
+                prop::collection::vec(
+                    prop::sample::select(vec![
+                        "{", "}", "[", "]", ":", ",", "\"rush\"", "\"seq\"", "\"r\"",
+                        "\"head\"", "\"tasks\"", "\"workers\"", "\"levels\"", "\"log\"",
+                        "\"T1\"", "\"status\"", "\"complete\"", "1", "2", "-1",
+                        "18446744073709551616", "null", "true", "\"\"",
+                    ]),
+                    0..30,
+                ),
+                any::<bool>(),
+                any::<Vec<u8>>(),
+            ),
+            0..6,
+        ),
+    ) {
+        // Lines of JSON-ish tokens with a correct checksum (so the parser and the replay
+        // see them), or raw bytes; the document is of rush `r`.
+        let mut doc = doc;
+        doc.format_version = FORMAT_VERSION;
+        doc.rush.rush_id = "r".into();
+        doc.rush.journal_seq = 0;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = StateStore::new(dir.path(), FEATURE);
+        store.save(&doc).expect("save");
+        let mut journal = Vec::new();
+        for (tokens, summed, raw) in &lines {
+            if *summed {
+                let json = tokens.concat();
+                let sum: String = sha2::Sha256::digest(json.as_bytes())[..8]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                journal.extend_from_slice(format!("{sum} {json}\n").as_bytes());
+            } else {
+                journal.extend_from_slice(raw);
+            }
+        }
+        let path = dir.path().join(format!("{FEATURE}.journal"));
+        std::fs::write(&path, &journal).expect("write the journal");
+        let (_, note) = store
+            .load_noting_backup()
+            .expect("a good state file loads whatever its journal holds")
+            .expect("a state file");
+        if let Some(note) = note {
+            prop_assert!(note.contains(&path.display().to_string()), "{}", note);
+        }
     }
 
     #[test]

@@ -472,25 +472,32 @@ fn a_state_file_torn_while_zergd_was_down_resumes_from_its_backup() {
             .status
             .success()
     );
-    d.wait_for(&repo.path, "zb", T, "2 tasks complete", |s| {
-        tasks_with(s, "complete").len() >= 2
+    // Into level 2: the state file was written whole at the start of each level, and what
+    // happened since is in the journal.
+    let before = d.wait_for(&repo.path, "zb", T, "6 tasks complete", |s| {
+        tasks_with(s, "complete").len() >= 6
     });
     d.kill9();
     // What a torn write (or a bad disk) leaves: half a file. The backup is the generation
-    // before it.
+    // before it (rush start); the journals hold everything since.
     let state = repo.path.join(".zerg/state/zb.json");
     let whole = std::fs::read(&state).unwrap();
     std::fs::write(&state, &whole[..whole.len() / 3]).unwrap();
     assert!(repo.path.join(".zerg/state/zb.json.bak").exists());
+    assert!(repo.path.join(".zerg/state/zb.journal.prev").exists());
     d.restart();
     let st = assert_complete_exactly_once(&d, &repo, "zb");
+    // Nothing that was saved before the kill is lost: a task complete then was not run again.
+    let doc: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    for t in tasks_with(&before, "complete") {
+        assert_eq!(doc["tasks"][&t]["leases"], 1, "task {t} ran again");
+    }
     let warnings = st["warnings"].to_string();
     assert!(
         warnings.contains("zb.json was corrupt") && warnings.contains("zb.json.bak"),
         "status says the backup was used: {warnings}"
     );
     // The state file is whole again.
-    let doc: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     assert_eq!(doc["rush"]["state"], "complete");
 }
 
@@ -543,4 +550,72 @@ fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_worke
     let log = monitor(&repo);
     assert!(log.contains("zergd restarted; resuming rush zt"), "{log}");
     assert!(log.contains("reconnected after zergd restart"), "{log}");
+}
+
+#[test]
+fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
+    let repo = TestRepo::new();
+    // Many short levels: the state file is written whole at the start of every one, and the
+    // journal holds what happens in between.
+    repo.write_graph("zc", &graph_wide("zc", 10, 20));
+    repo.write_config(FAST_WORKERS);
+    repo.write_script("zc", &json!({"default": [{"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "zc", "--workers", "4", "--detach"])
+            .status
+            .success()
+    );
+    let dir = repo.path.join(".zerg/state");
+    let writing = || {
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".zc.json.tmp-"))
+    };
+    // Kill zergd the moment a whole write of the state file is under way; a temp file still
+    // there after the kill proves the write was cut off in the middle.
+    let (mut cut, mut kills) = (0, 0);
+    let started = Instant::now();
+    let mut checked = Instant::now();
+    while cut < 2 && kills < 30 && started.elapsed() < T {
+        if writing() {
+            d.kill9();
+            kills += 1;
+            if writing() {
+                cut += 1;
+            }
+            d.restart();
+        } else if checked.elapsed() > Duration::from_millis(250) {
+            checked = Instant::now();
+            if d.status(&repo.path, "zc")
+                .is_some_and(|s| s["state"] != "running")
+            {
+                break;
+            }
+        }
+    }
+    assert!(
+        cut >= 1,
+        "no kill landed in the middle of a compaction ({kills} kills)"
+    );
+    let st = d.wait_end(&repo.path, "zc", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    let mut ids: Vec<String> = (1..=10)
+        .flat_map(|l| (1..=20).map(move |i| format!("W-L{l}-{i:05}")))
+        .collect();
+    ids.sort();
+    assert_eq!(tasks_with(&st, "complete"), ids);
+    assert_eq!(
+        repo.task_ids_on("zerg/zc/staging"),
+        ids,
+        "each Task-ID exactly once on staging"
+    );
+    // The cut-off writes were cleared away, and the state file is whole.
+    assert!(!writing(), "a temp file of a cut-off write is left");
+    let doc: Value = serde_json::from_slice(&std::fs::read(dir.join("zc.json")).unwrap()).unwrap();
+    assert_eq!(doc["rush"]["state"], "complete");
+    assert!(d.log().contains("zergd restarted") || monitor(&repo).contains("zergd restarted"));
+    eprintln!("{kills} kills, {cut} in the middle of a compaction");
 }

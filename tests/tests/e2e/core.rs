@@ -115,7 +115,7 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(repo.path.join(".zerg/state/feat.json")).unwrap())
             .unwrap();
-    assert_eq!(state["format_version"], 1);
+    assert_eq!(state["format_version"], 2);
     assert_eq!(state["tasks"]["G-L2-001"]["level"], 2);
     assert_eq!(state["tasks"]["G-L2-001"]["status"], "complete");
     // Compatible heartbeat and progress files.

@@ -39,9 +39,6 @@ use crate::state::{Registry, RegistryEntry, StateStore};
 use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
-/// Free places a watcher's queue (64) must have for it to be sent a new status snapshot.
-const WATCH_ROOM: usize = 16;
-
 /// Reply channel type.
 pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 
@@ -256,6 +253,8 @@ pub struct Supervisor {
     rx: mpsc::UnboundedReceiver<Event>,
     pending: Vec<(String, Effects)>,
     shutdown: Option<Reply<()>>,
+    /// Each rush's state as the registry file has it, so it is rewritten only on a change.
+    registered: HashMap<String, RushState>,
     next_tick: Option<Instant>,
 }
 
@@ -293,6 +292,7 @@ impl Supervisor {
             rx,
             pending: Vec::new(),
             shutdown: None,
+            registered: HashMap::new(),
             next_tick: None,
         }
     }
@@ -333,6 +333,7 @@ impl Supervisor {
             self.tick();
             self.flush();
             if let Some(reply) = self.shutdown.take() {
+                self.compact_all();
                 let _ = reply.send(Ok(()));
                 break;
             }
@@ -365,9 +366,8 @@ impl Supervisor {
         let wall = self.clock.wall();
         for r in self.rushes.values_mut() {
             if r.dirty {
-                let store = StateStore::new(&r.paths.state_dir, &r.doc.feature);
                 r.dirty = false;
-                if let Err(e) = store.save(&r.doc) {
+                if let Err(e) = r.journal.save(&mut r.doc) {
                     // The file on disk still holds the previous state (every save writes a new
                     // temp file; a failed one never replaces it). Hold new work, say why, and
                     // try again with the next change.
@@ -391,20 +391,21 @@ impl Supervisor {
                         m.emit(&ev);
                     }
                 }
-                changed_registry = true;
+                changed_registry |= self.registered.get(r.id()) != Some(&r.doc.rush.state);
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
                     ws.retain(|w| !w.is_closed());
                     // One event per line; the last one carries the new status. A watcher that
-                    // is behind gets the lines but not every snapshot: it needs only the
-                    // latest, and a snapshot of a large rush is megabytes. A snapshot of a
-                    // rush that is not running (paused, ended: a follower may be waiting for
-                    // exactly that one) always goes out.
+                    // has not yet taken everything sent to it gets the lines but no new
+                    // snapshot: it needs only the latest, and a snapshot of a large rush is
+                    // megabytes, so at most one waits in its queue. A snapshot of a rush that
+                    // is not running (paused, ended: a follower may be waiting for exactly
+                    // that one) always goes out.
                     let n = msgs.len().max(1);
                     let ended = r.state() != RushState::Running;
                     let mut status: Option<v1::RushStatus> = None;
                     for w in ws.iter() {
-                        let room = w.capacity() >= WATCH_ROOM;
+                        let room = w.capacity() == w.max_capacity();
                         for i in 0..n {
                             let st = (i + 1 == n && (room || ended)).then(|| {
                                 status
@@ -430,7 +431,18 @@ impl Supervisor {
         }
     }
 
-    fn save_registry(&self) {
+    /// Folds every rush's journal into its state file, so that the compatible files are
+    /// whole when zergd stops.
+    fn compact_all(&mut self) {
+        for r in self.rushes.values_mut() {
+            if let Err(e) = r.journal.compact_if_journaled(&mut r.doc) {
+                // The journal still holds every change; the next zergd replays it.
+                tracing::warn!(error = %crate::error::chain(&e), rush = %r.id(), "cannot compact the state journal");
+            }
+        }
+    }
+
+    fn save_registry(&mut self) {
         let mut reg = Registry::load(&self.settings.registry_path);
         for r in self.rushes.values() {
             let entry = RegistryEntry {
@@ -443,8 +455,15 @@ impl Supervisor {
                 .retain(|e| !(e.repo == entry.repo && e.feature == entry.feature));
             reg.rushes.push(entry);
         }
-        if let Err(e) = reg.save(&self.settings.registry_path) {
-            tracing::warn!(error = %e, "cannot save the rush registry");
+        match reg.save(&self.settings.registry_path) {
+            Ok(()) => {
+                self.registered = self
+                    .rushes
+                    .values()
+                    .map(|r| (r.id().to_string(), r.doc.rush.state))
+                    .collect();
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot save the rush registry"),
         }
     }
 

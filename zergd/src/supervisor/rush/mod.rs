@@ -30,7 +30,7 @@ use crate::domain::{
 };
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::{Level, MonitorEvent, Source};
-use crate::state::StateDoc;
+use crate::state::{Journal, StateDoc, StateStore};
 use crate::worker_plane::{WorkerAuth, WorkerToken};
 use zerg_proto::contract::{Revocation, WorkerExit};
 
@@ -284,6 +284,8 @@ pub struct Rush {
     pub events: Vec<MonitorEvent>,
     /// Whether `doc` changed since the last save.
     pub dirty: bool,
+    /// What of `doc` is on disk, and where the next change goes.
+    pub journal: Journal,
     /// Whether a merge is running.
     pub merging: bool,
     /// Next light reconciliation.
@@ -313,7 +315,12 @@ impl Rush {
         spec_context: String,
         now: Instant,
     ) -> Rush {
+        let journal = Journal::new(
+            StateStore::new(&paths.state_dir, &doc.feature),
+            doc.rush.journal_seq,
+        );
         Rush {
+            journal,
             doc,
             graph,
             config,

@@ -313,11 +313,19 @@ impl Rush {
             .iter()
             .map(|t| (t.id.clone(), t.level))
             .collect();
-        for (id, ts) in self.doc.tasks.iter_mut() {
-            if ts.level.is_none() {
-                ts.level = zerg_proto::graph::level_from_id(id).or(graph_levels.get(id).copied());
-                fixes.push(format!("task {id} had no level; set to {:?}", ts.level));
+        let unlevelled: Vec<String> = self
+            .doc
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.level.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in unlevelled {
+            let level = zerg_proto::graph::level_from_id(&id).or(graph_levels.get(&id).copied());
+            if let Some(ts) = self.doc.tasks.get_mut(&id) {
+                ts.level = level;
             }
+            fixes.push(format!("task {id} had no level; set to {level:?}"));
         }
         // In-progress tasks whose worker is not alive, or not holding them.
         let orphaned: Vec<(String, Option<u32>)> = self

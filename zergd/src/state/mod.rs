@@ -5,13 +5,17 @@
 //! and levels) and adds `format_version`, each task's `level`, and a `rush` section with what
 //! zergd needs to resume after a restart.
 //!
-//! Writes are crash-safe: the new document goes to a temp file in the same directory, which is
-//! fsynced and renamed over the old one, then the directory is fsynced. The previous document is
-//! kept as `<feature>.json.bak` (a hard link, so there is no window without a state file). Every
-//! write holds an exclusive `flock` on the separate `<feature>.lock`, the lock the original's
-//! tools take.
+//! Between whole writes, changes go to an append-only journal, `<feature>.journal` (see
+//! [`journal`]), so that a save costs what changed, not what the graph holds.
+//!
+//! Whole writes are crash-safe: the new document goes to a temp file in the same directory,
+//! which is fsynced and renamed over the old one, then the directory is fsynced. The previous
+//! document is kept as `<feature>.json.bak` (a hard link, so there is no window without a state
+//! file). Every whole write holds an exclusive `flock` on the separate `<feature>.lock`, the
+//! lock the original's tools take.
 
-use std::collections::{BTreeMap, VecDeque};
+pub mod journal;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,9 +24,12 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus};
+pub use journal::{ExecutionLog, Journal, Saved, Tracked};
 
-/// Version of the state document format written by this build.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the state document format written by this build. Version 2 added the journal:
+/// a document of version 2 may have records in `<feature>.journal` that an older zergd would
+/// not replay, so it refuses the file instead.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Entries kept in `execution_log`; older ones are dropped.
 pub const EXECUTION_LOG_LIMIT: usize = 500;
@@ -40,13 +47,13 @@ pub struct StateDoc {
     /// Level being executed (0 before the first level starts).
     pub current_level: u32,
     /// Per-task state, keyed by task id.
-    pub tasks: BTreeMap<String, TaskState>,
+    pub tasks: Tracked<TaskState>,
     /// Per-worker state, keyed by worker id as a string.
-    pub workers: BTreeMap<String, WorkerState>,
+    pub workers: Tracked<WorkerState>,
     /// Per-level state, keyed by level number as a string.
-    pub levels: BTreeMap<String, LevelState>,
+    pub levels: Tracked<LevelState>,
     /// Recent events, oldest first, bounded by [`EXECUTION_LOG_LIMIT`].
-    pub execution_log: VecDeque<LogEntry>,
+    pub execution_log: ExecutionLog,
     /// Summary metrics, written when the rush ends.
     pub metrics: Option<serde_json::Value>,
     /// Whether the rush is paused.
@@ -89,6 +96,13 @@ pub struct RushMeta {
     pub resilience: Counters,
     /// Graph and config warnings from rush start.
     pub warnings: Vec<String>,
+    /// The last journal record folded into this document (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub journal_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Resilience counters (NFR-3).
@@ -239,14 +253,11 @@ pub struct LogEntry {
 impl StateDoc {
     /// Appends to the execution log, dropping the oldest entries past the limit.
     pub fn log(&mut self, timestamp: String, event: &str, data: serde_json::Value) {
-        self.execution_log.push_back(LogEntry {
+        self.execution_log.push(LogEntry {
             timestamp,
             event: event.to_string(),
             data,
         });
-        while self.execution_log.len() > EXECUTION_LOG_LIMIT {
-            self.execution_log.pop_front();
-        }
     }
 }
 
@@ -328,14 +339,16 @@ impl StateStore {
         })
     }
 
-    /// Writes the document atomically under the lock.
-    pub fn save(&self, doc: &StateDoc) -> Result<(), StoreError> {
+    /// Writes the whole document atomically under the lock; returns its size. Used by
+    /// [`Journal`], which also keeps the journal consistent with it.
+    pub fn save(&self, doc: &StateDoc) -> Result<u64, StoreError> {
         let bytes = serde_json::to_vec_pretty(doc).map_err(|e| StoreError::Io {
             op: "serialise",
             path: self.path(),
             source: std::io::Error::other(e),
         })?;
-        write_atomic(&self.dir, &self.path(), &bytes, Some(&|| self.lock()))
+        write_atomic(&self.dir, &self.path(), &bytes, Some(&|| self.lock()))?;
+        Ok(bytes.len() as u64)
     }
 
     /// Loads the document, falling back to the backup if the main file is corrupt.
@@ -344,9 +357,10 @@ impl StateStore {
         Ok(self.load_noting_backup()?.map(|(d, _)| d))
     }
 
-    /// [`StateStore::load`], also saying why the backup was used when it was: a corrupt,
-    /// truncated or empty state file falls back to `<feature>.json.bak`, the previous
-    /// generation. A file from a newer zergd is refused, never replaced by an older backup.
+    /// [`StateStore::load`], also saying what was out of the ordinary: a corrupt, truncated
+    /// or empty state file falls back to `<feature>.json.bak`, the previous generation, and a
+    /// journal record that cannot be trusted ends the replay (see [`journal`]). A file from a
+    /// newer zergd is refused, never replaced by an older backup.
     pub fn load_noting_backup(&self) -> Result<Option<(StateDoc, Option<String>)>, StoreError> {
         let path = self.path();
         let primary = match fs::read(&path) {
@@ -354,24 +368,49 @@ impl StateStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io("read", &path)(e)),
         };
-        match parse_doc(&primary, &path) {
-            Ok(d) => Ok(Some((d, None))),
+        let (mut doc, note) = match parse_doc(&primary, &path) {
+            Ok(d) => (d, None),
             Err(StoreError::Corrupt { message, .. }) => {
                 let bak = self.dir.join(format!("{}.json.bak", self.feature));
                 match fs::read(&bak).ok().map(|b| parse_doc(&b, &bak)) {
                     Some(Ok(d)) => {
                         let note = format!(
-                            "{} was corrupt ({message}); resumed from the previous generation, {}",
+                            "{} was corrupt ({message}); resumed from the previous generation, {}, and its journal",
                             path.display(),
                             bak.display()
                         );
-                        tracing::warn!("{note}");
-                        Ok(Some((d, Some(note))))
+                        (d, Some(note))
                     }
-                    _ => Err(StoreError::Corrupt { path, message }),
+                    _ => return Err(StoreError::Corrupt { path, message }),
                 }
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        self.remove_cut_off_writes();
+        let replayed = journal::replay(self, &mut doc, note.is_some());
+        let note = match (note, replayed) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        if let Some(n) = &note {
+            tracing::warn!("{n}");
+        }
+        Ok(Some((doc, note)))
+    }
+}
+
+impl StateStore {
+    /// Removes the temp files of whole writes that a crash cut off (they are never renamed
+    /// into place, so nothing reads them).
+    fn remove_cut_off_writes(&self) {
+        let prefix = format!(".{}.json.tmp-", self.feature);
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = fs::remove_file(e.path());
+            }
         }
     }
 }
@@ -407,8 +446,13 @@ fn temp_with(
     bytes: &[u8],
     sync: bool,
 ) -> Result<tempfile::NamedTempFile, StoreError> {
+    // Named after the target, so that whose write was cut off can be told from what is left.
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
+        .prefix(&format!(".{name}.tmp-"))
         .tempfile_in(dir)
         .map_err(io("create temp in", dir))?;
     tmp.write_all(bytes).map_err(io("write", target))?;
@@ -595,7 +639,7 @@ mod tests {
         let leftovers: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
             .collect();
         assert!(leftovers.is_empty());
     }
@@ -701,7 +745,7 @@ mod tests {
     #[test]
     fn a_state_file_of_the_previous_version_is_written_back_byte_identical() {
         // Written by the version whose states were plain strings (a completed demo rush).
-        let old = include_bytes!("../tests/fixtures/state-demo.json");
+        let old = include_bytes!("../../tests/fixtures/state-demo.json");
         let doc: StateDoc = serde_json::from_slice(old).expect("the old file loads");
         assert_eq!(doc.rush.state, RushState::Complete);
         assert!(doc.tasks.values().all(|t| t.status == TaskStatus::Complete));
