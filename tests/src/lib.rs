@@ -490,13 +490,31 @@ pub mod procfs {
         Some(ticks as f64 / 100.0)
     }
 
-    /// Bytes the process has passed to write(2) and friends (`wchar` of `/proc/<pid>/io`).
-    pub fn written_bytes(pid: i32) -> Option<u64> {
+    /// One field of `/proc/<pid>/io`.
+    fn io_field(pid: i32, name: &str) -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
         s.lines()
-            .find(|l| l.starts_with("wchar:"))
+            .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
+    }
+
+    /// Bytes the process has passed to write(2) and friends, to files, pipes and sockets alike
+    /// (`wchar` of `/proc/<pid>/io`).
+    pub fn written_bytes(pid: i32) -> Option<u64> {
+        io_field(pid, "wchar")
+    }
+
+    /// Whether the process has no live child process.
+    pub fn childless(pid: i32) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .map(|c| c.trim().is_empty())
+                .unwrap_or(true)
+        })
     }
 }
 
