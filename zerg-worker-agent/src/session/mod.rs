@@ -70,6 +70,9 @@ pub struct Session {
     tasks_completed: u32,
     tiers: Vec<v1::TierResult>,
     identity: Vec<(String, String)>,
+    /// The worktree's own git directory, where stale lock files are looked for before each
+    /// task (found once: it does not change while this process runs).
+    git_dir: Option<PathBuf>,
     /// Cost the agent CLI reported for the current attempt.
     attempt_cost: f64,
 }
@@ -111,6 +114,10 @@ impl Session {
                 ]
             }
         };
+        let git_dir = run::git(&env.worktree, &["rev-parse", "--absolute-git-dir"])
+            .await
+            .ok()
+            .map(PathBuf::from);
         eprintln!(
             "zerg-worker-agent: worker {} registered for rush {}",
             env.worker_id, env.rush_id
@@ -128,6 +135,7 @@ impl Session {
             tasks_completed: 0,
             tiers: Vec::new(),
             identity,
+            git_dir,
             attempt_cost: 0.0,
         })
     }

@@ -29,9 +29,12 @@ impl Session {
     /// Resets the worktree to the commit zergd gave, so every task starts from a known state.
     pub(super) async fn prepare_worktree(&self, task: &v1::Task) -> Result<(), String> {
         let wt = &self.env.worktree;
-        // An earlier process of this slot may have been killed in the middle of a git command.
-        // The slot's worktree is this process's alone, so its lock files are stale.
-        remove_stale_locks(wt).await;
+        // An earlier process of this slot, or the agent CLI of an earlier attempt that was
+        // stopped, may have been killed in the middle of a git command. The slot's worktree is
+        // this process's alone, so its lock files are stale.
+        if let Some(dir) = &self.git_dir {
+            remove_stale_locks(dir).await;
+        }
         let base = if task.base_commit.is_empty() {
             "HEAD"
         } else {
@@ -426,13 +429,11 @@ impl Session {
 }
 
 /// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
-pub(super) async fn remove_stale_locks(worktree: &Path) {
-    if let Ok(dir) = run::git(worktree, &["rev-parse", "--absolute-git-dir"]).await {
-        for name in ["index.lock", "HEAD.lock"] {
-            let p = Path::new(&dir).join(name);
-            if tokio::fs::remove_file(&p).await.is_ok() {
-                eprintln!("zerg-worker-agent: removed stale {}", p.display());
-            }
+pub(super) async fn remove_stale_locks(git_dir: &Path) {
+    for name in ["index.lock", "HEAD.lock"] {
+        let p = git_dir.join(name);
+        if tokio::fs::remove_file(&p).await.is_ok() {
+            eprintln!("zerg-worker-agent: removed stale {}", p.display());
         }
     }
 }

@@ -123,6 +123,15 @@ impl<V> Tracked<V> {
         self.map.get_mut(k)
     }
 
+    /// The entry `k`, for a change that need not reach the journal at once: it is written
+    /// with the next record that touches the entry, or the next compaction. Only for fields
+    /// that are refreshed continuously and whose loss in a crash costs nothing (the time of
+    /// the last heartbeat, its step and progress): a heartbeat would otherwise put its worker
+    /// into every record.
+    pub fn get_mut_unjournaled(&mut self, k: &str) -> Option<&mut V> {
+        self.map.get_mut(k)
+    }
+
     /// The entry `k`, for change or insertion.
     pub fn entry(&mut self, k: String) -> std::collections::btree_map::Entry<'_, String, V> {
         self.touch(&k);

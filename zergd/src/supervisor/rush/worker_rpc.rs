@@ -379,7 +379,7 @@ impl Rush {
         let w = r.worker;
         self.touch(w, now, wall);
         let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
-        if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+        if let Some(ws) = self.doc.workers.get_mut_unjournaled(&w.to_string()) {
             ws.health_check_at = Some(iso_millis(wall));
             ws.step = Some(step);
             ws.progress_pct = req.progress_pct.min(100);
