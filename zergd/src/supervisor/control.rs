@@ -101,7 +101,11 @@ impl Supervisor {
                         Some(crate::wire::status::rush_status(&self.rushes[&id])),
                     );
                     let _ = tx.try_send(Ok(first));
-                    self.watchers.entry(id).or_default().push(tx);
+                    self.watchers.entry(id).or_default().push(super::Watcher {
+                        tx,
+                        sent_at: self.clock.now(),
+                        owed: false,
+                    });
                     let _ = reply.send(Ok(rx));
                 }
                 Err(e) => {

@@ -39,6 +39,28 @@ use crate::state::{Registry, RegistryEntry, StateStore};
 use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
+/// The least time between two status snapshots to one `Watch` client while the rush runs.
+/// A snapshot of a large rush is megabytes, and a client that renders each one slows the rush
+/// it watches; event lines are never held back, and the latest snapshot follows within this.
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
+
+/// One `Watch` client.
+pub(super) struct Watcher {
+    /// Its stream.
+    pub tx: mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>,
+    /// When it was last sent a snapshot.
+    pub sent_at: Instant,
+    /// The rush changed since its last snapshot.
+    pub owed: bool,
+}
+
+impl Watcher {
+    /// Whether it has taken everything sent to it.
+    fn drained(&self) -> bool {
+        self.tx.capacity() == self.tx.max_capacity()
+    }
+}
+
 /// Reply channel type.
 pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 
@@ -239,7 +261,7 @@ pub struct Supervisor {
     preparing: HashSet<(String, String)>,
     /// Rushes of the registry whose state could not be loaded at startup: (repo, feature, why).
     unloadable: Vec<(String, String, String)>,
-    watchers: HashMap<String, Vec<mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>>>,
+    watchers: HashMap<String, Vec<Watcher>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
     /// The last `progress-<N>.json` written per (rush, slot), so an unchanged one is not
@@ -332,6 +354,9 @@ impl Supervisor {
             // Timers, and the next deadline after whatever the events changed.
             self.tick();
             self.flush();
+            if let Some(due) = self.send_owed_snapshots() {
+                self.next_tick = Some(self.next_tick.map_or(due, |n| n.min(due)));
+            }
             if let Some(reply) = self.shutdown.take() {
                 self.compact_all();
                 let _ = reply.send(Ok(()));
@@ -364,6 +389,7 @@ impl Supervisor {
         let mut changed_registry = false;
         let mut unsaved: HashMap<String, SupervisorError> = HashMap::new();
         let wall = self.clock.wall();
+        let now = self.clock.now();
         for r in self.rushes.values_mut() {
             if r.dirty {
                 r.dirty = false;
@@ -394,20 +420,25 @@ impl Supervisor {
                 changed_registry |= self.registered.get(r.id()) != Some(&r.doc.rush.state);
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
-                    ws.retain(|w| !w.is_closed());
-                    // One event per line; the last one carries the new status. A watcher that
-                    // has not yet taken everything sent to it gets the lines but no new
-                    // snapshot: it needs only the latest, and a snapshot of a large rush is
-                    // megabytes, so at most one waits in its queue. A snapshot of a rush that
-                    // is not running (paused, ended: a follower may be waiting for exactly
-                    // that one) always goes out.
+                    ws.retain(|w| !w.tx.is_closed());
+                    // One event per line; the last one carries the new status. A watcher gets
+                    // a snapshot at most every SNAPSHOT_EVERY, and only once it has taken
+                    // everything sent to it (so at most one waits in its queue); otherwise it
+                    // is owed one, sent by `send_owed_snapshots`. A snapshot of a rush that is
+                    // not running (paused, ended: a follower may be waiting for exactly that
+                    // one) always goes out at once.
                     let n = msgs.len().max(1);
                     let ended = r.state() != RushState::Running;
                     let mut status: Option<v1::RushStatus> = None;
-                    for w in ws.iter() {
-                        let room = w.capacity() == w.max_capacity();
+                    for w in ws.iter_mut() {
+                        let send = ended
+                            || (w.drained() && now.duration_since(w.sent_at) >= SNAPSHOT_EVERY);
+                        w.owed = !send;
+                        if send {
+                            w.sent_at = now;
+                        }
                         for i in 0..n {
-                            let st = (i + 1 == n && (room || ended)).then(|| {
+                            let st = (i + 1 == n && send).then(|| {
                                 status
                                     .get_or_insert_with(|| crate::wire::status::rush_status(r))
                                     .clone()
@@ -415,8 +446,9 @@ impl Supervisor {
                             if msgs.get(i).is_none() && st.is_none() {
                                 continue;
                             }
-                            let _ =
-                                w.try_send(Ok(crate::wire::status::watch_event(msgs.get(i), st)));
+                            let _ = w
+                                .tx
+                                .try_send(Ok(crate::wire::status::watch_event(msgs.get(i), st)));
                         }
                     }
                 }
@@ -429,6 +461,35 @@ impl Supervisor {
             let e = unsaved.get(&id);
             self.run_effects(&id, fx, e);
         }
+    }
+
+    /// Sends the snapshots that watchers are owed and may have now; returns when the next one
+    /// is due.
+    fn send_owed_snapshots(&mut self) -> Option<Instant> {
+        let now = self.clock.now();
+        let mut next: Option<Instant> = None;
+        for (id, ws) in self.watchers.iter_mut() {
+            let Some(r) = self.rushes.get(id) else {
+                continue;
+            };
+            let mut status: Option<v1::RushStatus> = None;
+            for w in ws.iter_mut().filter(|w| w.owed) {
+                let due = w.sent_at + SNAPSHOT_EVERY;
+                if now < due || !w.drained() {
+                    let at = due.max(now + SNAPSHOT_EVERY / 4);
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                    continue;
+                }
+                let st = status
+                    .get_or_insert_with(|| crate::wire::status::rush_status(r))
+                    .clone();
+                let _ =
+                    w.tx.try_send(Ok(crate::wire::status::watch_event(None, Some(st))));
+                w.owed = false;
+                w.sent_at = now;
+            }
+        }
+        next
     }
 
     /// Folds every rush's journal into its state file, so that the compatible files are
