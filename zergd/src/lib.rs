@@ -69,10 +69,44 @@ pub enum DaemonError {
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Server(#[from] tonic::transport::Error),
+    /// The socket's directory is one that someone else could change.
+    #[error(
+        "the socket directory {dir} {why}; zergd needs a directory only you can change (chmod 700 it, or pick another --socket)"
+    )]
+    UnsafeSocketDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The supervisor actor panicked: zergd must exit non-zero so that its service manager
     /// restarts it (a restarted zergd resumes every rush from its state file).
     #[error("the supervisor panicked: {0}")]
     ActorPanicked(String),
+}
+
+/// Refuses a socket directory that is not ours or that group or others may write to.
+fn check_private_dir(dir: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(io_err(format!("cannot stat {}", dir.display())))?;
+    let me = nix::unistd::geteuid().as_raw();
+    let why = if meta.uid() != me {
+        Some(format!("belongs to uid {}, not to you ({me})", meta.uid()))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "can be written by group or others (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(DaemonError::UnsafeSocketDir {
+            dir: dir.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -118,6 +152,9 @@ pub async fn run(
             "cannot create socket directory {}",
             dir.display()
         )))?;
+    // A directory that existed before keeps its mode; one that others can write to would let
+    // them replace the socket with their own.
+    check_private_dir(&dir)?;
     std::fs::create_dir_all(&opts.state_dir).map_err(io_err(format!(
         "cannot create {}",
         opts.state_dir.display()
@@ -261,5 +298,25 @@ mod tests {
             "{r:?}"
         );
         assert!(watch_actor(async {}).await.is_ok());
+    }
+
+    #[test]
+    fn a_socket_directory_others_can_write_to_is_refused_by_name() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(check_private_dir(&dir).is_ok());
+        for mode in [0o777, 0o1777, 0o720, 0o702] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = check_private_dir(&dir).unwrap_err().to_string();
+            assert!(
+                e.contains(&dir.display().to_string()) && e.contains("written by group or others"),
+                "{mode:o}: {e}"
+            );
+        }
+        // Readable by others is fine: the socket itself is 0600.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(check_private_dir(&dir).is_ok());
     }
 }

@@ -486,6 +486,31 @@ fn the_socket_is_private() {
 }
 
 #[test]
+fn zergd_refuses_a_socket_directory_that_others_can_write_to() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = std::process::Command::new(bin("zergd"))
+        .arg("--socket")
+        .arg(dir.join("zergd.sock"))
+        .arg("--state-dir")
+        .arg(t.path().join("state"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&dir.display().to_string())
+            && err.contains("can be written by group or others (mode 1777)"),
+        "{err}"
+    );
+    assert!(!dir.join("zergd.sock").exists(), "no socket was made there");
+}
+
+#[test]
 fn another_user_is_refused_on_the_control_socket_even_when_the_file_mode_allows_it() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
