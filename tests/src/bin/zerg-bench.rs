@@ -5,6 +5,7 @@
 //! cargo build --release --workspace --bins
 //! cargo run --release -p zerg-tests --bin zerg-bench -- --json            # everything, 3 runs
 //! cargo run --release -p zerg-tests --bin zerg-bench -- --quick --json    # a smoke run for CI
+//! cargo run --release -p zerg-tests --bin zerg-bench -- --only demo,throughput --json
 //! cargo run --release -p zerg-tests --bin zerg-bench -- --markdown out.json > section.md
 //! ```
 //!
@@ -24,6 +25,20 @@ const LIMIT: Duration = Duration::from_secs(900);
 
 /// Workers config for benchmarks: heartbeats every second, quick stops.
 const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_grace_seconds: 2\n";
+
+/// Scenario names for `--only`, in the order they run.
+const SCENARIOS: [&str; 10] = [
+    "git",
+    "demo",
+    "throughput",
+    "big",
+    "crash",
+    "hang",
+    "idle",
+    "noisy",
+    "reconcile",
+    "container",
+];
 
 struct Opts {
     quick: bool,
@@ -53,14 +68,34 @@ fn main() {
         print!("{}", markdown(&v));
         return;
     }
-    for a in &args {
-        if !matches!(a.as_str(), "--json" | "--quick" | "--vs-original") {
-            eprintln!(
-                "zerg-bench: unknown argument {a} (use --json, --quick, --vs-original, --markdown FILE)"
-            );
-            std::process::exit(64);
+    let mut only: Option<Vec<String>> = None;
+    let mut rest = args.iter();
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--json" | "--quick" | "--vs-original" => {}
+            "--only" => {
+                let names: Vec<String> = rest
+                    .next()
+                    .map(|v| v.split(',').map(str::to_string).collect())
+                    .unwrap_or_default();
+                if let Some(bad) = names.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
+                    eprintln!(
+                        "zerg-bench: --only: no scenario {bad:?} (scenarios: {})",
+                        SCENARIOS.join(", ")
+                    );
+                    std::process::exit(64);
+                }
+                only = Some(names);
+            }
+            _ => {
+                eprintln!(
+                    "zerg-bench: unknown argument {a} (use --json, --quick, --vs-original, --only SCENARIO[,SCENARIO…], --markdown FILE)"
+                );
+                std::process::exit(64);
+            }
         }
     }
+    let want = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|n| n == name));
     let quick = args.iter().any(|a| a == "--quick");
     let opts = Opts {
         quick,
@@ -74,28 +109,35 @@ fn main() {
         results.insert(key.to_string(), v);
     }
 
-    record(
-        &mut results,
-        "git_commit_limit_per_s",
-        runs(&opts, || git_commit_limit(&opts)),
-    );
-    record(
-        &mut results,
-        "demo_wall_over_ideal",
-        runs(&opts, demo_wall_over_ideal),
-    );
-    let tp = runs_obj(&opts, || throughput(&opts));
-    for k in [
-        "throughput_tasks_per_s",
-        "zerg_cpu_ms_per_task",
-        "zergd_write_syscall_bytes_per_event",
-        "zergd_peak_rss_mb_throughput",
-    ] {
-        record(&mut results, k, tp.get(k).cloned().unwrap_or(Value::Null));
+    if want("git") {
+        record(
+            &mut results,
+            "git_commit_limit_per_s",
+            runs(&opts, || git_commit_limit(&opts)),
+        );
     }
+    if want("demo") {
+        record(
+            &mut results,
+            "demo_wall_over_ideal",
+            runs(&opts, demo_wall_over_ideal),
+        );
+    }
+    if want("throughput") {
+        let tp = runs_obj(&opts, || throughput(&opts));
+        for k in [
+            "throughput_tasks_per_s",
+            "zerg_cpu_ms_per_task",
+            "zergd_write_syscall_bytes_per_event",
+            "zergd_peak_rss_mb_throughput",
+        ] {
+            record(&mut results, k, tp.get(k).cloned().unwrap_or(Value::Null));
+        }
+    }
+    let median = |k: &str| results.get(k).and_then(|v| v["median"].as_f64());
     if let (Some(t), Some(g)) = (
-        results["throughput_tasks_per_s"]["median"].as_f64(),
-        results["git_commit_limit_per_s"]["median"].as_f64(),
+        median("throughput_tasks_per_s"),
+        median("git_commit_limit_per_s"),
     ) {
         record(
             &mut results,
@@ -103,11 +145,11 @@ fn main() {
             json!(round(t / g, 3)),
         );
     }
-    if opts.quick {
+    if want("big") && opts.quick {
         for k in ["big_rush_10k", "state_write_bytes_per_event"] {
             record(&mut results, k, json!({"skipped": "not in --quick"}));
         }
-    } else {
+    } else if want("big") {
         let big = big_rush();
         let per_event = match &big["state_write_bytes_per_event"] {
             Value::Number(n) => json!({"median": n, "runs": 1, "tasks": 10_000}),
@@ -116,29 +158,41 @@ fn main() {
         record(&mut results, "big_rush_10k", big);
         record(&mut results, "state_write_bytes_per_event", per_event);
     }
-    let crash = crash_reassign(&opts);
-    record(&mut results, "crash_reassign_ms_p50", crash["p50"].clone());
-    record(&mut results, "crash_reassign_ms_p99", crash["p99"].clone());
-    record(&mut results, "hang_detect_s", runs(&opts, hang_detect));
-    let idle = idle_workers(&opts);
-    for k in [
-        "zergd_rss_mb_50_workers",
-        "agent_rss_mb",
-        "heartbeat_cpu_pct_per_worker",
-    ] {
-        record(&mut results, k, idle.get(k).cloned().unwrap_or(Value::Null));
+    if want("crash") {
+        let crash = crash_reassign(&opts);
+        record(&mut results, "crash_reassign_ms_p50", crash["p50"].clone());
+        record(&mut results, "crash_reassign_ms_p99", crash["p99"].clone());
     }
-    record(
-        &mut results,
-        "noisy_verify_overhead_ms",
-        runs(&opts, noisy_verify_overhead),
-    );
-    record(
-        &mut results,
-        "reconcile_ms_10k_tasks",
-        runs(&opts, reconcile_ms_10k),
-    );
-    record(&mut results, "container_ready_s_10", container_ready(&opts));
+    if want("hang") {
+        record(&mut results, "hang_detect_s", runs(&opts, hang_detect));
+    }
+    if want("idle") {
+        let idle = idle_workers(&opts);
+        for k in [
+            "zergd_rss_mb_50_workers",
+            "agent_rss_mb",
+            "heartbeat_cpu_pct_per_worker",
+        ] {
+            record(&mut results, k, idle.get(k).cloned().unwrap_or(Value::Null));
+        }
+    }
+    if want("noisy") {
+        record(
+            &mut results,
+            "noisy_verify_overhead_ms",
+            runs(&opts, noisy_verify_overhead),
+        );
+    }
+    if want("reconcile") {
+        record(
+            &mut results,
+            "reconcile_ms_10k_tasks",
+            runs(&opts, reconcile_ms_10k),
+        );
+    }
+    if want("container") {
+        record(&mut results, "container_ready_s_10", container_ready(&opts));
+    }
     if opts.vs_original {
         record(&mut results, "vs_original", vs_original());
     }

@@ -8,10 +8,14 @@
 //! told about the change, exactly as the whole-file save was.
 //!
 //! The journal is folded into the compatible `<feature>.json` (a *compaction*, the crash-safe
-//! whole-file write) when the rush starts or is reloaded, when a level starts, when the rush
-//! changes state (paused, complete, …), when zergd shuts down, and when the journal has grown
-//! past twice the document's size (at least 1 MiB). So the original's tools, which read only
-//! `<feature>.json`, see every level boundary and the final state.
+//! whole-file write) when the rush starts or is reloaded, when the rush changes state (paused,
+//! complete, …), when zergd shuts down, when the journal has grown past twice the document's
+//! size (at least 1 MiB), and when a level starts: always for a document under 1 MiB (about
+//! 1,400 tasks), for a larger one once the journal holds a quarter of its size. So the
+//! original's tools, which read only `<feature>.json`, see every level boundary of an ordinary
+//! rush and the final state of every rush; during a very large one the file may be a few levels
+//! behind (at 10,000 tasks a level adds about a tenth of the document to the journal, and a
+//! whole write at every level start would be most of what is written).
 //!
 //! **Record format.** One line per record: 16 hex digits (the first 8 bytes of the SHA-256 of
 //! the JSON that follows), a space, a JSON object, a newline. The object has `rush` (the rush
@@ -396,8 +400,15 @@ impl Journal {
     /// Saves what changed in `doc` since the last save: one record, or a compaction when one
     /// is due (see the module documentation).
     pub fn save(&mut self, doc: &mut StateDoc) -> Result<Saved, StoreError> {
+        let level_changed = self.compacted_at.map(|(l, _)| l) != Some(doc.current_level);
+        let state_changed = self.compacted_at.map(|(_, s)| s) != Some(doc.rush.state);
+        // A level start compacts a document under 1 MiB every time (the compatible file is
+        // exact at each level boundary), a larger one once the journal holds a quarter of it.
+        let level_due = level_changed
+            && (self.doc_bytes < COMPACT_MIN_BYTES || 4 * self.bytes >= self.doc_bytes);
         let due = self.must_compact
-            || self.compacted_at != Some((doc.current_level, doc.rush.state))
+            || state_changed
+            || level_due
             || self.bytes > COMPACT_MIN_BYTES.max(2 * self.doc_bytes);
         if due {
             self.compact(doc)?;
@@ -708,6 +719,30 @@ mod tests {
         assert!(!dir.path().join("f.journal").exists());
         assert!(dir.path().join("f.journal.prev").exists());
         d.rush.state = RushState::Complete;
+        assert_eq!(j.save(&mut d).unwrap(), Saved::Compacted);
+        assert_eq!(load(dir.path()), d);
+    }
+
+    #[test]
+    fn a_large_document_is_compacted_at_a_level_start_once_the_journal_holds_a_quarter() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::new(store(dir.path()), 0);
+        let mut d = doc(3000);
+        j.save(&mut d).unwrap();
+        assert!(j.doc_bytes > COMPACT_MIN_BYTES, "{} bytes", j.doc_bytes);
+        step(&mut d, 0);
+        d.current_level = 2;
+        assert!(
+            matches!(j.save(&mut d).unwrap(), Saved::Record(_)),
+            "a small journal is not folded into a large document at a level start"
+        );
+        let mut i = 1;
+        while 4 * j.bytes < j.doc_bytes {
+            step(&mut d, i);
+            i += 1;
+            assert!(matches!(j.save(&mut d).unwrap(), Saved::Record(_)));
+        }
+        d.current_level = 3;
         assert_eq!(j.save(&mut d).unwrap(), Saved::Compacted);
         assert_eq!(load(dir.path()), d);
     }
