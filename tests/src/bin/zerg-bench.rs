@@ -760,8 +760,15 @@ fn markdown(v: &Value) -> String {
             x => x.to_string(),
         };
         if r.get("median").is_some() {
+            // A figure measured against a baseline of the same run shows both.
+            let against = match (r.get("ratio"), r["plain_docker_run_s"].get("median")) {
+                (Some(ratio), Some(base)) => {
+                    format!(" (plain `docker run`: {base} s; ratio {ratio})")
+                }
+                _ => String::new(),
+            };
             o.push_str(&format!(
-                "| `{k}` | {} | {} | {} | {goal} |\n",
+                "| `{k}` | {} | {} | {} | {goal}{against} |\n",
                 cell("median"),
                 cell("min"),
                 cell("max")
