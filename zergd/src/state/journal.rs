@@ -553,9 +553,10 @@ pub(super) fn replay(store: &StateStore, doc: &mut StateDoc, from_backup: bool) 
     let mut notes = Vec::new();
     for path in files {
         let Ok(bytes) = fs::read(&path) else { continue };
+        // A damaged `.prev` does not end the replay: the journal after it goes on only if its
+        // first record follows what was applied, and says so when it does not.
         if let Err(why) = replay_file(&bytes, doc) {
             notes.push(format!("{}: {why}", path.display()));
-            break;
         }
     }
     (!notes.is_empty()).then(|| notes.join("; "))
@@ -892,6 +893,42 @@ mod tests {
                 assert_eq!(load(dir.path()), d2);
             }
         }
+    }
+
+    #[test]
+    fn a_restore_from_the_backup_goes_past_a_torn_tail_of_the_previous_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::new(store(dir.path()), 0);
+        let mut d = doc(8);
+        j.save(&mut d).unwrap();
+        for i in 0..3 {
+            step(&mut d, i);
+            j.save(&mut d).unwrap();
+        }
+        // A crash tore an append after record 3; the restarted zergd compacted (seq 3), so
+        // the torn journal became `.prev`, and went on writing records 4 and 5.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("f.journal"))
+            .unwrap();
+        f.write_all(b"0123456789abcdef {\"rush\":\"r1\",\"se")
+            .unwrap();
+        let mut d = load(dir.path());
+        let mut j = Journal::new(store(dir.path()), d.rush.journal_seq);
+        j.save(&mut d).unwrap();
+        for i in 3..5 {
+            step(&mut d, i);
+            j.save(&mut d).unwrap();
+        }
+        // Then the state file is lost: the backup (seq 0), `.prev` (1..3 and the torn tail)
+        // and the journal (4, 5) still make the whole state.
+        fs::write(store(dir.path()).path(), b"").unwrap();
+        let (got, note) = store(dir.path()).load_noting_backup().unwrap().unwrap();
+        assert_eq!(got.tasks, d.tasks);
+        assert_eq!(got.execution_log, d.execution_log);
+        assert_eq!(got.rush.journal_seq, 5);
+        let note = note.unwrap();
+        assert!(note.contains("f.journal.prev: line 4 is torn"), "{note}");
     }
 
     #[test]
