@@ -459,8 +459,24 @@ impl StateWrites {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("strace is not available ({e})"))?;
-        // strace attaches to every thread before the first one is traced.
-        std::thread::sleep(Duration::from_millis(500));
+        // Ready once every thread names a tracer (`TracerPid` in its status).
+        let traced = |t: &String| {
+            // A thread that has exited since needs no tracing.
+            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status"))
+                .ok()
+                .is_none_or(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("TracerPid:"))
+                        .is_some_and(|v| v.trim() != "0")
+                })
+        };
+        let t = Instant::now();
+        while !tids.iter().all(traced) {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err("strace did not attach to zergd's threads within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(StateWrites { strace, out })
     }
 

@@ -37,13 +37,12 @@ use std::io::Write;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use super::{
     EXECUTION_LOG_LIMIT, FORMAT_VERSION, LevelState, LogEntry, RushMeta, StateDoc, StateStore,
-    StoreError, TaskState, WorkerState, io,
+    StoreError, TaskState, WorkerState, io, sync_dir,
 };
 use crate::domain::RushState;
 
@@ -425,14 +424,8 @@ impl Journal {
         Ok(())
     }
 
-    fn journal_path(&self) -> PathBuf {
-        self.store
-            .dir
-            .join(format!("{}.journal", self.store.feature))
-    }
-
     fn append(&mut self, doc: &mut StateDoc) -> Result<u64, StoreError> {
-        let path = self.journal_path();
+        let path = self.store.journal_path();
         let head = Head::of(doc);
         let seq = self.seq + 1;
         let mut json = Vec::with_capacity(1024);
@@ -487,9 +480,7 @@ impl Journal {
                 .open(path)
                 .map_err(io("open", path))?;
             // A new directory entry is durable only once the directory is.
-            File::open(&self.store.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io("fsync directory", &self.store.dir))?;
+            sync_dir(&self.store.dir)?;
             self.file = Some(f);
         }
         let f = self.file.as_mut().expect("opened above");
@@ -515,13 +506,11 @@ impl Journal {
     /// The second step of a compaction: the records now in the document move to `.prev`.
     fn retire(&mut self) -> Result<(), StoreError> {
         self.file = None;
-        let path = self.journal_path();
+        let path = self.store.journal_path();
         if path.exists() {
             let prev = prev_path(&path);
             fs::rename(&path, &prev).map_err(io("rename", &path))?;
-            File::open(&self.store.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io("fsync directory", &self.store.dir))?;
+            sync_dir(&self.store.dir)?;
         }
         Ok(())
     }
@@ -544,7 +533,7 @@ fn prev_path(journal: &Path) -> PathBuf {
 /// generation before the last compaction, so `.prev` is replayed first. Returns a note when
 /// records had to be left out.
 pub(super) fn replay(store: &StateStore, doc: &mut StateDoc, from_backup: bool) -> Option<String> {
-    let journal = store.dir.join(format!("{}.journal", store.feature));
+    let journal = store.journal_path();
     let mut files = Vec::new();
     if from_backup {
         files.push(prev_path(&journal));
@@ -592,7 +581,8 @@ fn replay_file(bytes: &[u8], doc: &mut StateDoc) -> Result<(), String> {
         if checksum(json).as_bytes() != sum {
             return Err(lost("fails its checksum".into()));
         }
-        let rec: Record = parse(json).map_err(|e| lost(format!("does not parse ({e})")))?;
+        let rec: Record =
+            serde_json::from_slice(json).map_err(|e| lost(format!("does not parse ({e})")))?;
         if rec.rush != doc.rush.rush_id || rec.seq <= doc.rush.journal_seq {
             // An earlier rush of this feature, or already in the document.
             continue;
@@ -620,10 +610,6 @@ fn replay_file(bytes: &[u8], doc: &mut StateDoc) -> Result<(), String> {
         doc.rush.journal_seq = rec.seq;
     }
     Ok(())
-}
-
-fn parse<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice(json)
 }
 
 #[cfg(test)]
@@ -676,6 +662,16 @@ mod tests {
         }
     }
 
+    /// A journal in a fresh directory whose rush of `tasks` tasks has had its first (whole)
+    /// save.
+    fn started(tasks: usize) -> (tempfile::TempDir, Journal, StateDoc) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::new(store(dir.path()), 0);
+        let mut d = doc(tasks);
+        j.save(&mut d).unwrap();
+        (dir, j, d)
+    }
+
     fn load(dir: &Path) -> StateDoc {
         store(dir).load().unwrap().unwrap()
     }
@@ -705,10 +701,7 @@ mod tests {
 
     #[test]
     fn level_and_state_changes_compact_and_retire_the_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(10);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(10);
         step(&mut d, 1);
         j.save(&mut d).unwrap();
         d.current_level = 2;
@@ -726,10 +719,7 @@ mod tests {
 
     #[test]
     fn a_large_document_is_compacted_at_a_level_start_once_the_journal_holds_a_quarter() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(3000);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(3000);
         assert!(j.doc_bytes > COMPACT_MIN_BYTES, "{} bytes", j.doc_bytes);
         step(&mut d, 0);
         d.current_level = 2;
@@ -750,10 +740,7 @@ mod tests {
 
     #[test]
     fn the_journal_is_compacted_past_twice_the_document() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(5);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(5);
         let mut compactions = 0;
         for i in 0..20_000 {
             step(&mut d, i);
@@ -768,10 +755,7 @@ mod tests {
 
     #[test]
     fn a_journal_cut_anywhere_replays_every_record_before_the_cut() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(8);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(8);
         let mut states = vec![d.clone()];
         let mut ends = vec![0usize];
         for i in 0..12 {
@@ -796,10 +780,7 @@ mod tests {
 
     #[test]
     fn a_damaged_record_is_named_and_nothing_after_it_is_applied() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(8);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(8);
         step(&mut d, 0);
         j.save(&mut d).unwrap();
         let after_one = d.clone();
@@ -834,10 +815,7 @@ mod tests {
 
     #[test]
     fn a_journal_of_an_earlier_rush_of_the_feature_is_not_applied() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(8);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(8);
         step(&mut d, 0);
         j.save(&mut d).unwrap();
         // A new rush of the same feature whose first save was cut off after the document was
@@ -852,10 +830,7 @@ mod tests {
     #[test]
     fn a_crash_at_any_step_of_a_compaction_loses_nothing() {
         for from_backup in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let mut j = Journal::new(store(dir.path()), 0);
-            let mut d = doc(8);
-            j.save(&mut d).unwrap();
+            let (dir, mut j, mut d) = started(8);
             for i in 0..3 {
                 step(&mut d, i);
                 j.save(&mut d).unwrap();
@@ -897,10 +872,7 @@ mod tests {
 
     #[test]
     fn a_restore_from_the_backup_goes_past_a_torn_tail_of_the_previous_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(8);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(8);
         for i in 0..3 {
             step(&mut d, i);
             j.save(&mut d).unwrap();
@@ -933,10 +905,7 @@ mod tests {
 
     #[test]
     fn a_failed_append_makes_the_next_save_a_compaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::new(store(dir.path()), 0);
-        let mut d = doc(8);
-        j.save(&mut d).unwrap();
+        let (dir, mut j, mut d) = started(8);
         // The journal cannot be created: a directory stands in its way.
         fs::create_dir(dir.path().join("f.journal")).unwrap();
         step(&mut d, 0);

@@ -324,6 +324,11 @@ impl StateStore {
         self.dir.join(format!("{}.json", self.feature))
     }
 
+    /// Path of the state journal (see [`journal`]).
+    pub fn journal_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.journal", self.feature))
+    }
+
     fn lock(&self) -> Result<Flock<File>, StoreError> {
         let path = self.dir.join(format!("{}.lock", self.feature));
         let f = OpenOptions::new()
@@ -491,10 +496,14 @@ pub fn write_atomic(
     }
     tmp.persist(target)
         .map_err(|e| io("rename onto", target)(e.error))?;
+    sync_dir(dir)
+}
+
+/// Makes the entries of `dir` (a new, renamed or removed file) durable.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io("fsync directory", dir))?;
-    Ok(())
+        .map_err(io("fsync directory", dir))
 }
 
 /// zergd's own list of rushes, in its XDG state directory.
