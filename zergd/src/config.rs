@@ -244,13 +244,34 @@ pub struct ContainerConfig {
     pub image: String,
     /// Docker network for worker containers.
     pub network: String,
+    /// Largest git object (inflated) zergd imports from a worker container.
+    pub max_object_size: ByteSize,
+    /// Largest pack file zergd imports from a worker container.
+    pub max_pack_size: ByteSize,
+    /// Largest log the engine keeps per worker container, and largest `worker-<N>.log` the
+    /// mirror writes for one container.
+    pub log_max_size: ByteSize,
 }
 
 impl Default for ContainerConfig {
     fn default() -> Self {
+        let limits = crate::git::objects::ImportLimits::default();
         Self {
             image: "zerg-worker:latest".into(),
             network: "none".into(),
+            max_object_size: ByteSize(limits.max_object as i64),
+            max_pack_size: ByteSize(limits.max_pack as i64),
+            log_max_size: ByteSize(64 << 20),
+        }
+    }
+}
+
+impl ContainerConfig {
+    /// The object import limits these settings give.
+    pub fn import_limits(&self) -> crate::git::objects::ImportLimits {
+        crate::git::objects::ImportLimits {
+            max_object: self.max_object_size.0 as u64,
+            max_pack: self.max_pack_size.0 as u64,
         }
     }
 }

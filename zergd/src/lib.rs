@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod fsat;
 pub mod git;
 pub mod launcher;
 pub mod monitor;

@@ -1,26 +1,60 @@
 //! Git objects written by container workers: imported into the repository's store only after
-//! each one is checked against its name.
+//! each one is checked against its name, within size limits, without following anything the
+//! container left in its object dir.
 
+use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::fs;
-use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
 
-use crate::launcher::container::{normalize, worker_object_dir};
+use crate::fsat::Dir;
+use crate::launcher::container::normalize;
+
+/// How much a container's objects may weigh (`container.max_object_size` and
+/// `container.max_pack_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportLimits {
+    /// Largest object, inflated, in bytes: a loose object or any object of a pack.
+    pub max_object: u64,
+    /// Largest pack file, in bytes.
+    pub max_pack: u64,
+}
+
+impl Default for ImportLimits {
+    fn default() -> Self {
+        Self {
+            max_object: 100 << 20,
+            max_pack: 512 << 20,
+        }
+    }
+}
 
 /// Copies the objects worker `worker_id`'s containers wrote (into their private object dir,
-/// `<git dir>/zerg/worker-<N>/objects`) into the repository's shared object store, so zergd's
-/// own git sees the worker's commits. Every loose object is inflated and hashed first: one whose
-/// content does not match its name, a symlink, or anything but a plain file is skipped (and
-/// logged), so a hostile container can neither plant a corrupt object nor make zergd copy a file
-/// it could not read itself. Packs go through `git index-pack`, which checks them the same way.
-/// Objects that already exist are never overwritten. Returns how many were imported.
+/// `<git dir>/zerg/<feature>/worker-<N>/objects`) into the repository's shared object store,
+/// so zergd's own git sees the worker's commits.
+///
+/// - Every directory and file is opened by descriptor, relative to the one above it, never
+///   following a symlink; a FIFO or device is refused without blocking.
+/// - A loose object is inflated as a stream, within its declared size and
+///   [`ImportLimits::max_object`], and hashed on the way: one whose content does not match its
+///   name is skipped, logged and deleted from the worker's dir (so it costs nothing again).
+/// - A pack goes through `git index-pack --strict --max-input-size` into a quarantine
+///   directory; only when no object in it is larger than the limit is it moved into the store.
+/// - A bad entry is skipped, never the whole import; objects that exist are never overwritten.
+/// - One import per worker at a time: a second caller waits for the first.
 ///
 /// The launcher calls this whenever a worker container exits; zergd also calls it before it
-/// checks a commit a container worker reports.
-pub fn import_worker_objects(repo: &Path, worker_id: u32) -> io::Result<usize> {
+/// checks a commit a container worker reports. Returns how many objects and packs it imported.
+pub fn import_worker_objects(
+    repo: &Path,
+    feature: &str,
+    worker_id: u32,
+    limits: ImportLimits,
+) -> io::Result<usize> {
     let common = common_dir_of(repo)?;
-    import_objects(&common, &worker_object_dir(&common, worker_id))
+    import_objects(&common, feature, worker_id, limits)
 }
 
 /// The repository's common git dir (absolute), asked of git itself.
@@ -33,69 +67,75 @@ pub(crate) fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
     Ok(normalize(Path::new(&out)))
 }
 
-pub(crate) fn import_objects(common: &Path, from: &Path) -> io::Result<usize> {
-    let to = common.join("objects");
-    // The object dir itself must be the container's own directory: a symlink there would make
-    // zergd import (and so expose) objects of a repository the container cannot read.
-    if !fs::symlink_metadata(from).is_ok_and(|m| m.is_dir()) {
-        if fs::symlink_metadata(from).is_ok() {
-            tracing::warn!(dir = %from.display(), "a worker's object dir is not a plain directory; nothing imported");
+/// The workers whose import is running, by private object dir.
+static IMPORTING: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+static IMPORT_DONE: Condvar = Condvar::new();
+
+/// Holds a worker's import slot until dropped.
+struct ImportSlot(PathBuf);
+
+impl ImportSlot {
+    fn take(key: PathBuf) -> Self {
+        let mut set = IMPORTING.lock().unwrap_or_else(|e| e.into_inner());
+        while set.get_or_insert_with(HashSet::new).contains(&key) {
+            set = IMPORT_DONE.wait(set).unwrap_or_else(|e| e.into_inner());
         }
-        return Ok(0);
+        set.get_or_insert_with(HashSet::new).insert(key.clone());
+        Self(key)
     }
-    let Ok(entries) = fs::read_dir(from) else {
-        return Ok(0);
+}
+
+impl Drop for ImportSlot {
+    fn drop(&mut self) {
+        let mut set = IMPORTING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = set.as_mut() {
+            s.remove(&self.0);
+        }
+        IMPORT_DONE.notify_all();
+    }
+}
+
+pub(crate) fn import_objects(
+    common: &Path,
+    feature: &str,
+    worker: u32,
+    limits: ImportLimits,
+) -> io::Result<usize> {
+    let from_path = crate::launcher::container::worker_object_dir(common, feature, worker);
+    let _slot = ImportSlot::take(from_path.clone());
+    // Every step from the common dir down is opened without following a symlink: a symlink
+    // anywhere on the way would make zergd import (and so expose) objects of a repository the
+    // container cannot read.
+    let rel = from_path.strip_prefix(common).unwrap_or(&from_path);
+    let from = match Dir::open_below(common, rel) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            tracing::warn!(dir = %from_path.display(), error = %e, "a worker's object dir is not a plain directory; nothing imported");
+            return Ok(0);
+        }
     };
+    let to = common.join("objects");
     let mut n = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().to_string();
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        let is_fanout = name.len() == 2 && name.bytes().all(|c| c.is_ascii_hexdigit());
-        if is_fanout && is_dir {
-            for obj in fs::read_dir(entry.path())?.flatten() {
-                let file = obj.file_name().to_string_lossy().to_string();
-                if !file.bytes().all(|c| c.is_ascii_hexdigit()) {
+    for (name, _) in from.entries()? {
+        let Some(name_s) = name.to_str() else {
+            continue;
+        };
+        let is_fanout = name_s.len() == 2 && name_s.bytes().all(|c| c.is_ascii_hexdigit());
+        if is_fanout {
+            let sub = match from.dir(&name) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(dir = %from_path.join(&name).display(), error = %e, "skipping a worker's object dir entry that is not a directory");
                     continue;
                 }
-                let dest_dir = to.join(&name);
-                if dest_dir.join(&file).exists() {
-                    continue;
-                }
-                match verify_loose(&obj.path(), &format!("{name}{file}")) {
-                    Ok(bytes) => {
-                        if write_object(&dest_dir, &file, &bytes)? {
-                            n += 1;
-                        }
-                    }
-                    Err(why) => {
-                        tracing::warn!(object = %obj.path().display(), reason = %why, "not importing a worker's object")
-                    }
-                }
-            }
-        } else if name == "pack" && is_dir {
-            for p in fs::read_dir(entry.path())?.flatten() {
-                let file = p.file_name().to_string_lossy().to_string();
-                let Some(stem) = file.strip_suffix(".pack") else {
-                    continue;
-                };
-                if !p.file_type().is_ok_and(|t| t.is_file())
-                    || to.join("pack").join(format!("{stem}.idx")).exists()
-                {
-                    continue;
-                }
-                let pack = fs::File::open(p.path())?;
-                let out = crate::git::scrubbed("git")
-                    .arg("--git-dir")
-                    .arg(common)
-                    .args(["index-pack", "--stdin", "--fix-thin", "--strict"])
-                    .stdin(pack)
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::piped())
-                    .output()?;
-                if out.status.success() {
-                    n += 1;
-                } else {
-                    tracing::warn!(pack = %p.path().display(), error = %String::from_utf8_lossy(&out.stderr).trim(), "not importing a worker's pack");
+            };
+            n += import_fanout(&sub, name_s, &to, &from_path, limits)?;
+        } else if name_s == "pack" {
+            match from.dir(&name) {
+                Ok(d) => n += import_packs(&d, common, &from_path, limits),
+                Err(e) => {
+                    tracing::warn!(dir = %from_path.join("pack").display(), error = %e, "skipping a worker's pack dir that is not a directory")
                 }
             }
         }
@@ -103,49 +143,236 @@ pub(crate) fn import_objects(common: &Path, from: &Path) -> io::Result<usize> {
     Ok(n)
 }
 
-/// Largest loose object zergd imports from a container (compressed and inflated).
-pub(crate) const MAX_OBJECT_BYTES: u64 = 512 << 20;
+/// Imports the loose objects of one fan-out directory (`<xx>/`).
+fn import_fanout(
+    sub: &Dir,
+    prefix: &str,
+    to: &Path,
+    from_path: &Path,
+    limits: ImportLimits,
+) -> io::Result<usize> {
+    let mut n = 0;
+    for (file, _) in sub.entries()? {
+        let Some(file_s) = file.to_str() else {
+            continue;
+        };
+        if !file_s.bytes().all(|c| c.is_ascii_hexdigit()) {
+            continue;
+        }
+        let dest_dir = to.join(prefix);
+        if dest_dir.join(file_s).exists() {
+            continue;
+        }
+        let id = format!("{prefix}{file_s}");
+        match verify_loose(sub, &file, &id, limits.max_object) {
+            Ok(bytes) => {
+                if write_object(&dest_dir, file_s, &bytes)? {
+                    n += 1;
+                }
+            }
+            Err(why) => {
+                tracing::warn!(object = %from_path.join(prefix).join(file_s).display(), reason = %why, "not importing a worker's object; removed from its object dir");
+                let _ = sub.remove(&file);
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Imports the packs of a worker's `pack/` directory; returns how many it imported.
+fn import_packs(dir: &Dir, common: &Path, from_path: &Path, limits: ImportLimits) -> usize {
+    let mut n = 0;
+    let entries = match dir.entries() {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(dir = %from_path.join("pack").display(), error = %e, "cannot list a worker's packs");
+            return 0;
+        }
+    };
+    for (file, _) in entries {
+        let Some(stem) = file.to_str().and_then(|f| f.strip_suffix(".pack")) else {
+            continue;
+        };
+        if common
+            .join("objects/pack")
+            .join(format!("{stem}.idx"))
+            .exists()
+        {
+            continue;
+        }
+        match import_pack(dir, &file, common, limits) {
+            Ok(()) => n += 1,
+            Err(why) => {
+                tracing::warn!(pack = %from_path.join("pack").join(&file).display(), reason = %why, "not importing a worker's pack; removed from its object dir");
+                let _ = dir.remove(&file);
+            }
+        }
+    }
+    n
+}
+
+/// Indexes one pack a worker wrote into a quarantine object dir (its bases come from the real
+/// store), checks the size of every object in it, then moves it into the real store.
+fn import_pack(dir: &Dir, file: &OsStr, common: &Path, limits: ImportLimits) -> Result<(), String> {
+    let (pack, st) = dir.open_file(file).map_err(|e| e.to_string())?;
+    if st.st_size as u64 > limits.max_pack {
+        return Err(format!(
+            "{} bytes is larger than container.max_pack_size ({} bytes)",
+            st.st_size, limits.max_pack
+        ));
+    }
+    let objects = common.join("objects");
+    let quarantine = tempfile::Builder::new()
+        .prefix("zerg-incoming-")
+        .tempdir_in(&objects)
+        .map_err(|e| format!("cannot make a quarantine dir: {e}"))?;
+    fs::create_dir(quarantine.path().join("pack")).map_err(|e| e.to_string())?;
+    let in_quarantine = |args: &[&str]| {
+        let mut c = crate::git::scrubbed("git");
+        c.arg("--git-dir")
+            .arg(common)
+            .args(args)
+            .env("GIT_OBJECT_DIRECTORY", quarantine.path())
+            .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &objects)
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let max = format!("--max-input-size={}", limits.max_pack);
+    let out = in_quarantine(&["index-pack", "--stdin", "--fix-thin", "--strict", &max])
+        .stdin(pack)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run git index-pack: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    // Only the quarantine's own objects: no alternates for this look.
+    let out = crate::git::scrubbed("git")
+        .arg("--git-dir")
+        .arg(common)
+        .args([
+            "cat-file",
+            "--batch-all-objects",
+            "--batch-check=%(objectsize) %(objectname)",
+        ])
+        .env("GIT_OBJECT_DIRECTORY", quarantine.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run git cat-file: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines() {
+        let (size, id) = line.split_once(' ').unwrap_or((line, ""));
+        if size.parse::<u64>().map_or(true, |s| s > limits.max_object) {
+            return Err(format!(
+                "object {id} of {size} bytes is larger than container.max_object_size ({} bytes)",
+                limits.max_object
+            ));
+        }
+    }
+    // The pack first, its index last: git sees a pack once its index is there.
+    let mut names: Vec<PathBuf> = fs::read_dir(quarantine.path().join("pack"))
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    names.sort_by_key(|p| p.extension().is_some_and(|e| e == "idx"));
+    for p in names {
+        let dest = objects.join("pack").join(p.file_name().unwrap_or_default());
+        fs::rename(&p, &dest).map_err(|e| format!("cannot move {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Largest loose object file (compressed) zergd reads from a container.
+const MAX_LOOSE_FILE: u64 = 1 << 30;
 
 /// Reads a loose object a container wrote and checks that it is what its name says: a plain
-/// file (not a link), zlib data that inflates to `<type> <size>\0<content>` of that size, whose
-/// SHA-1 (40-digit names) or SHA-256 (64-digit names) is the name. Returns the file's bytes.
-pub(crate) fn verify_loose(path: &Path, id: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.file_type().is_file() {
-        return Err("not a regular file".into());
+/// file (not a link), zlib data that inflates to `<type> <size>\0<content>` of exactly that
+/// size, no larger than `max_object`, whose SHA-1 (40-digit names) or SHA-256 (64-digit names)
+/// is the name. The content is hashed as it inflates, never held: memory stays at the file's
+/// own size whatever it inflates to. Returns the file's bytes.
+pub(crate) fn verify_loose(
+    dir: &Dir,
+    name: &OsStr,
+    id: &str,
+    max_object: u64,
+) -> Result<Vec<u8>, String> {
+    let (mut f, st) = dir.open_file(name).map_err(|e| e.to_string())?;
+    let len = st.st_size as u64;
+    if len > MAX_LOOSE_FILE.min(max_object.saturating_add(1 << 20)) {
+        return Err(format!("{len} bytes is too large"));
     }
-    if meta.len() > MAX_OBJECT_BYTES {
-        return Err(format!("{} bytes is too large", meta.len()));
+    let mut bytes = Vec::with_capacity(len as usize);
+    (&mut f)
+        .take(len.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    enum Hasher {
+        Sha1(sha1::Sha1),
+        Sha256(sha2::Sha256),
     }
-    let bytes = fs::read(path).map_err(|e| e.to_string())?;
-    let mut inflated = Vec::new();
-    flate2::read::ZlibDecoder::new(&bytes[..])
-        .take(MAX_OBJECT_BYTES)
-        .read_to_end(&mut inflated)
-        .map_err(|e| format!("not zlib data: {e}"))?;
-    let nul = inflated
-        .iter()
-        .position(|b| *b == 0)
-        .ok_or("no object header")?;
-    let header = std::str::from_utf8(&inflated[..nul]).map_err(|_| "bad object header")?;
-    let (kind, size) = header.split_once(' ').ok_or("bad object header")?;
+    let mut hasher = match id.len() {
+        40 => Hasher::Sha1(sha1::Digest::new()),
+        64 => Hasher::Sha256(sha2::Digest::new()),
+        _ => return Err("not an object id".into()),
+    };
+    let mut update = |chunk: &[u8]| match &mut hasher {
+        Hasher::Sha1(h) => sha1::Digest::update(h, chunk),
+        Hasher::Sha256(h) => sha2::Digest::update(h, chunk),
+    };
+    let mut z = flate2::read::ZlibDecoder::new(&bytes[..]);
+    // The header: `<type> <size>\0`, at most a few dozen bytes.
+    let mut header = Vec::with_capacity(32);
+    let mut byte = [0u8; 1];
+    loop {
+        match z.read(&mut byte) {
+            Ok(1) if byte[0] == 0 => break,
+            Ok(1) if header.len() < 32 => header.push(byte[0]),
+            Ok(1) => return Err("bad object header".into()),
+            Ok(_) => return Err("no object header".into()),
+            Err(e) => return Err(format!("not zlib data: {e}")),
+        }
+    }
+    let header_s = std::str::from_utf8(&header).map_err(|_| "bad object header")?;
+    let (kind, size) = header_s.split_once(' ').ok_or("bad object header")?;
     if !matches!(kind, "blob" | "tree" | "commit" | "tag") {
         return Err(format!("unknown object type {kind:?}"));
     }
-    if size.parse::<usize>().ok() != Some(inflated.len() - nul - 1) {
+    let size: u64 = size.parse().map_err(|_| "bad object size")?;
+    if size > max_object {
+        return Err(format!(
+            "{size} bytes inflated is larger than container.max_object_size ({max_object} bytes)"
+        ));
+    }
+    update(&header);
+    update(&[0]);
+    let mut left = size;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let want = buf
+            .len()
+            .min(usize::try_from(left + 1).unwrap_or(usize::MAX));
+        let got = z
+            .read(&mut buf[..want])
+            .map_err(|e| format!("not zlib data: {e}"))?;
+        if got == 0 {
+            break;
+        }
+        if got as u64 > left {
+            return Err("object size does not match its header".into());
+        }
+        update(&buf[..got]);
+        left -= got as u64;
+    }
+    if left != 0 {
         return Err("object size does not match its header".into());
     }
-    let digest = match id.len() {
-        40 => {
-            use sha1::Digest;
-            format!("{:x}", sha1::Sha1::digest(&inflated))
-        }
-        64 => {
-            use sha2::Digest;
-            format!("{:x}", sha2::Sha256::digest(&inflated))
-        }
-        _ => return Err("not an object id".into()),
+    let digest = match hasher {
+        Hasher::Sha1(h) => format!("{:x}", sha1::Digest::finalize(h)),
+        Hasher::Sha256(h) => format!("{:x}", sha2::Digest::finalize(h)),
     };
     if digest != id.to_ascii_lowercase() {
         return Err("content does not match the object id".into());
@@ -155,7 +382,9 @@ pub(crate) fn verify_loose(path: &Path, id: &str) -> Result<Vec<u8>, String> {
 
 /// Writes one verified object unless the destination has it; returns whether it wrote. The
 /// file is written under a temporary name and renamed, so readers never see half an object.
+/// The destination is the repository's own store, which no container can write.
 pub(crate) fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<bool> {
+    use std::os::unix::fs::PermissionsExt;
     let dest = dir.join(name);
     if dest.exists() {
         return Ok(false);
@@ -175,6 +404,7 @@ pub(crate) fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn git_ok(dir: &Path, args: &[&str]) -> String {
         super::super::git(dir, args).unwrap_or_else(|e| panic!("{e}"))
@@ -189,52 +419,217 @@ mod tests {
         (id, path)
     }
 
-    #[test]
-    fn only_objects_that_match_their_names_are_imported_once() {
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        root: PathBuf,
+        repo: PathBuf,
+        other: PathBuf,
+        common: PathBuf,
+        from: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("repo");
-        let other = dir.path().join("other");
+        let root = dir.path().to_path_buf();
+        let repo = root.join("repo");
+        let other = root.join("other");
         for r in [&repo, &other] {
             fs::create_dir_all(r).unwrap();
             git_ok(r, &["init", "-q", "-b", "main"]);
         }
-        let common = repo.join(".git");
-        let from = worker_object_dir(&common, 1);
-        let put = |id: &str, src: &Path| {
-            let d = from.join(&id[..2]);
+        let common = fs::canonicalize(repo.join(".git")).unwrap();
+        let from = crate::launcher::container::worker_object_dir(&common, "f", 1);
+        fs::create_dir_all(&from).unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            repo,
+            other,
+            common,
+            from,
+        }
+    }
+
+    impl Fixture {
+        fn put(&self, id: &str, src: &Path) {
+            let d = self.from.join(&id[..2]);
             fs::create_dir_all(&d).unwrap();
             fs::copy(src, d.join(&id[2..])).unwrap();
-        };
+        }
+        fn has(&self, id: &str) -> bool {
+            self.common
+                .join("objects")
+                .join(&id[..2])
+                .join(&id[2..])
+                .exists()
+        }
+        fn import(&self, limits: ImportLimits) -> usize {
+            import_worker_objects(&self.repo, "f", 1, limits).unwrap()
+        }
+    }
+
+    fn zlib(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn only_objects_that_match_their_names_are_imported_once() {
+        let fx = fixture();
         // A genuine new object.
-        let (good, good_path) = blob(&other, "new content\n");
-        put(&good, &good_path);
+        let (good, good_path) = blob(&fx.other, "new content\n");
+        fx.put(&good, &good_path);
         // A genuine object stored under another object's name.
-        let (victim, _) = blob(&other, "the real one\n");
-        let (_, liar_path) = blob(&other, "something else\n");
-        put(&victim, &liar_path);
+        let (victim, _) = blob(&fx.other, "the real one\n");
+        let (_, liar_path) = blob(&fx.other, "something else\n");
+        fx.put(&victim, &liar_path);
         // Garbage, and a symlink to a file the worker could not read itself.
         let bogus = "ab".to_string() + &"0".repeat(38);
-        fs::create_dir_all(from.join("ab")).unwrap();
-        fs::write(from.join("ab").join(&bogus[2..]), "not zlib").unwrap();
-        let secret = dir.path().join("secret");
+        fs::create_dir_all(fx.from.join("ab")).unwrap();
+        fs::write(fx.from.join("ab").join(&bogus[2..]), "not zlib").unwrap();
+        let secret = fx.root.join("secret");
         fs::write(&secret, "secret").unwrap();
         let linked = "cd".to_string() + &"1".repeat(38);
-        fs::create_dir_all(from.join("cd")).unwrap();
-        std::os::unix::fs::symlink(&secret, from.join("cd").join(&linked[2..])).unwrap();
+        fs::create_dir_all(fx.from.join("cd")).unwrap();
+        std::os::unix::fs::symlink(&secret, fx.from.join("cd").join(&linked[2..])).unwrap();
 
-        assert_eq!(import_worker_objects(&repo, 1).unwrap(), 1);
-        assert_eq!(git_ok(&repo, &["cat-file", "-p", &good]), "new content");
+        assert_eq!(fx.import(ImportLimits::default()), 1);
+        assert_eq!(git_ok(&fx.repo, &["cat-file", "-p", &good]), "new content");
         for id in [&victim, &bogus, &linked] {
-            assert!(
-                !common
-                    .join("objects")
-                    .join(&id[..2])
-                    .join(&id[2..])
-                    .exists(),
-                "{id} must not be imported"
-            );
+            assert!(!fx.has(id), "{id} must not be imported");
         }
-        assert_eq!(import_worker_objects(&repo, 1).unwrap(), 0, "imported once");
-        assert_eq!(import_worker_objects(&repo, 9).unwrap(), 0);
+        // A refused object is removed from the worker's dir, so it is not read again.
+        assert!(!fx.from.join("ab").join(&bogus[2..]).exists());
+        assert_eq!(fx.import(ImportLimits::default()), 0, "imported once");
+        assert_eq!(
+            import_worker_objects(&fx.repo, "f", 9, ImportLimits::default()).unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_symlinked_fanout_dir_fifo_or_pack_dir_is_skipped_and_the_rest_imported() {
+        let fx = fixture();
+        // Another repository's objects, which the worker cannot read, behind symlinks.
+        let (secret, secret_path) = blob(&fx.other, "another repository's secret\n");
+        let fan = &secret[..2];
+        std::os::unix::fs::symlink(secret_path.parent().unwrap(), fx.from.join(fan)).unwrap();
+        std::os::unix::fs::symlink(fx.other.join(".git/objects/pack"), fx.from.join("pack"))
+            .unwrap();
+        // A FIFO where an object should be: opening it must not block.
+        let fifo_id = if fan == "ee" { "ef" } else { "ee" }.to_string() + &"2".repeat(38);
+        fs::create_dir_all(fx.from.join(&fifo_id[..2])).unwrap();
+        nix::unistd::mkfifo(
+            &fx.from.join(&fifo_id[..2]).join(&fifo_id[2..]),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        // A fan-out entry that is a file, not a directory.
+        let odd = if fan == "aa" { "ab" } else { "aa" };
+        fs::write(fx.from.join(odd), "x").unwrap();
+        // And one genuine object, which must still arrive.
+        let (good, good_path) = blob(&fx.other, "the worker's own work\n");
+        if &good[..2] != fan {
+            fx.put(&good, &good_path);
+        }
+        let n = fx.import(ImportLimits::default());
+        assert!(!fx.has(&secret), "an object behind a symlink was imported");
+        if &good[..2] != fan {
+            assert_eq!(n, 1);
+            assert!(fx.has(&good));
+        }
+    }
+
+    #[test]
+    fn a_zlib_bomb_is_refused_without_inflating_past_its_limit() {
+        let fx = fixture();
+        // 64 MiB of zeros declared as a blob: a few dozen KiB compressed.
+        let size = 64usize << 20;
+        let mut raw = format!("blob {size}\0").into_bytes();
+        raw.resize(raw.len() + size, 0);
+        let id = {
+            use sha1::Digest;
+            format!("{:x}", sha1::Sha1::digest(&raw))
+        };
+        let z = zlib(&raw);
+        assert!(z.len() < 1 << 20);
+        let d = fx.from.join(&id[..2]);
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(&id[2..]), &z).unwrap();
+        let small = ImportLimits {
+            max_object: 1 << 20,
+            ..ImportLimits::default()
+        };
+        assert_eq!(fx.import(small), 0);
+        assert!(!fx.has(&id));
+        // The same object within the limit is genuine and imported.
+        fs::write(d.join(&id[2..]), &z).unwrap();
+        assert_eq!(fx.import(ImportLimits::default()), 1);
+        assert!(fx.has(&id));
+        // A header that understates the size is caught before the content is all read.
+        let lie = [b"blob 5\0".to_vec(), vec![0u8; 1 << 20]].concat();
+        let lie_id = "0f".to_string() + &"3".repeat(38);
+        fs::create_dir_all(fx.from.join("0f")).unwrap();
+        fs::write(fx.from.join("0f").join(&lie_id[2..]), zlib(&lie)).unwrap();
+        let dir = Dir::open(&fx.from.join("0f")).unwrap();
+        let why = verify_loose(&dir, OsStr::new(&lie_id[2..]), &lie_id, 1 << 30).unwrap_err();
+        assert!(why.contains("size does not match"), "{why}");
+    }
+
+    #[test]
+    fn a_pack_with_an_object_over_the_limit_is_refused_and_a_good_one_imported() {
+        let fx = fixture();
+        let big = fx.other.join("big");
+        fs::write(&big, vec![b'z'; 4 << 20]).unwrap();
+        let big_id = git_ok(&fx.other, &["hash-object", "-w", &big.to_string_lossy()]);
+        let pack_of = |ids: &str, name: &str| {
+            let out = std::process::Command::new("git")
+                .arg("-C")
+                .arg(&fx.other)
+                .args(["pack-objects", "--stdout"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    c.stdin.take().unwrap().write_all(ids.as_bytes())?;
+                    c.wait_with_output()
+                })
+                .unwrap();
+            fs::create_dir_all(fx.from.join("pack")).unwrap();
+            fs::write(fx.from.join("pack").join(name), out.stdout).unwrap();
+        };
+        pack_of(&format!("{big_id}\n"), "pack-big.pack");
+        let small = ImportLimits {
+            max_object: 1 << 20,
+            ..ImportLimits::default()
+        };
+        assert_eq!(fx.import(small), 0);
+        assert!(super::super::git(&fx.repo, &["cat-file", "-e", &big_id]).is_err());
+        assert!(
+            !fx.from.join("pack/pack-big.pack").exists(),
+            "a refused pack is removed"
+        );
+        let leftovers: Vec<_> = fs::read_dir(fx.common.join("objects"))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("zerg-incoming-")
+            })
+            .collect();
+        assert!(leftovers.is_empty(), "quarantine left behind");
+        // A pack larger than max_pack is refused before git reads it.
+        pack_of(&format!("{big_id}\n"), "pack-big2.pack");
+        let tiny = ImportLimits {
+            max_pack: 1024,
+            ..ImportLimits::default()
+        };
+        assert_eq!(fx.import(tiny), 0);
+        // Within the limits it is imported.
+        pack_of(&format!("{big_id}\n"), "pack-big3.pack");
+        assert_eq!(fx.import(ImportLimits::default()), 1);
+        assert_eq!(git_ok(&fx.repo, &["cat-file", "-t", &big_id]), "blob");
     }
 }

@@ -68,6 +68,11 @@ pub struct ContainerSpec {
     pub cpus: f64,
     /// Process limit.
     pub pids_limit: i64,
+    /// Size limits on the git objects imported from the container.
+    pub import_limits: crate::git::objects::ImportLimits,
+    /// Largest container log the engine keeps, and the largest `worker-<N>.log` the mirror
+    /// writes, in bytes.
+    pub log_max_bytes: u64,
 }
 
 /// A started worker.

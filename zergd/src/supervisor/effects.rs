@@ -157,6 +157,7 @@ impl Supervisor {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
         let sweep = fx.sweep;
+        let area = (mode == Mode::Container).then(|| (r.paths.repo.clone(), r.doc.feature.clone()));
         tokio::spawn(async move {
             let launcher = match launchers.get(mode).await {
                 Ok(l) => l,
@@ -184,11 +185,18 @@ impl Supervisor {
             // Whatever is still there (an exited container, one whose exit was never seen)
             // goes too; a resumed rush's newer generations are left alone.
             if let Some(upto) = sweep {
+                let mut newer = false;
                 for d in launcher.discover(&rid).await {
                     if upto.get(&d.worker_id).is_none_or(|g| d.generation <= *g) {
                         launcher.stop(d.spawned.clone(), Duration::ZERO).await;
                         launcher.cleanup(d.spawned).await;
+                    } else {
+                        newer = true;
                     }
+                }
+                // The rush's containers are gone: their private git dirs and homes go too.
+                if let Some((repo, feature)) = area.filter(|_| !newer) {
+                    remove_rush_area(repo, feature).await;
                 }
             }
             if let Some((paths, feature, wts)) = cleanup {
@@ -224,6 +232,8 @@ impl Supervisor {
                 memory_bytes: res.container_memory_limit.0,
                 cpus: res.container_cpu_limit,
                 pids_limit: res.container_pids_limit,
+                import_limits: r.config.container.import_limits(),
+                log_max_bytes: r.config.container.log_max_size.0 as u64,
             },
             env_passthrough: r.config.agent.env_passthrough.clone(),
         })
@@ -247,4 +257,16 @@ pub(super) fn exit_sink(
             info,
         });
     })
+}
+
+/// Removes what container mode made for a rush in the repository's git dir, once the rush has
+/// ended and its containers are gone.
+pub(super) async fn remove_rush_area(repo: PathBuf, feature: String) {
+    let r = tokio::task::spawn_blocking(move || {
+        crate::launcher::container::remove_rush_area(&repo, &feature)
+    })
+    .await;
+    if let Ok(Err(e)) = r {
+        tracing::warn!(error = %e, "cannot remove the rush's private git dirs and homes");
+    }
 }

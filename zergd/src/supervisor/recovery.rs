@@ -47,16 +47,17 @@ impl Supervisor {
                 self.readopt(&mut r, now, wall).await;
             } else if r.doc.rush.mode == Mode::Container {
                 // A rush that ended while zergd was down leaves no container behind either.
-                self.sweep_ended(&e.rush_id);
+                self.sweep_ended(&e.rush_id, &r);
             }
             self.rushes.insert(e.rush_id.clone(), r);
         }
     }
 
     /// Removes every container of an ended rush (in the background).
-    pub(super) fn sweep_ended(&self, rush_id: &str) {
+    pub(super) fn sweep_ended(&self, rush_id: &str, r: &Rush) {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
+        let (repo, feature) = (r.paths.repo.clone(), r.doc.feature.clone());
         tokio::spawn(async move {
             let Ok(l) = launchers.get(Mode::Container).await else {
                 return;
@@ -65,6 +66,7 @@ impl Supervisor {
                 l.stop(d.spawned.clone(), Duration::ZERO).await;
                 l.cleanup(d.spawned).await;
             }
+            super::effects::remove_rush_area(repo, feature).await;
         });
     }
 

@@ -142,8 +142,13 @@ pub(super) fn verify_commit(
     commit: &str,
     checkpoint: bool,
 ) -> Result<(), String> {
-    if check.container
-        && let Err(e) = crate::launcher::container::import_worker_objects(&check.repo, check.worker)
+    if let Some(limits) = check.container
+        && let Err(e) = crate::launcher::container::import_worker_objects(
+            &check.repo,
+            &check.feature,
+            check.worker,
+            limits,
+        )
     {
         return Err(format!("cannot import the worker's git objects: {e}"));
     }

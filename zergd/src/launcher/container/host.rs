@@ -1,12 +1,19 @@
-//! Preparing the host for a worker container: its mount points, its private git dir, and,
-//! when zergd runs as root, group access for the container's unprivileged user to exactly what
-//! it may write (owners are never changed).
+//! Preparing the host for a worker container: its mount points, its private git dir and home,
+//! and, when zergd runs as root, group access for the container's unprivileged user to exactly
+//! what it may write (owners are never changed).
+//!
+//! Everything here that touches a tree a container can write goes through [`crate::fsat`]: by
+//! directory descriptor, never following a symlink, with modes and owners changed through the
+//! descriptor of the entry itself.
+
+use std::ffi::OsStr;
 
 use super::*;
+use crate::fsat::Dir;
 
 /// Creates the mount points and directories the container needs, rebuilds the worker's
-/// private git dir and, when zergd is root, grants the container's gid access to exactly what
-/// it may write.
+/// private git dir and home and, when zergd is root, grants the container's gid access to
+/// exactly what it may write.
 pub(crate) fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> {
     let g = &facts.git;
     let ctx = |what: &str, p: &Path| {
@@ -20,238 +27,195 @@ pub(crate) fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), S
             spec.spec_dir.display()
         )));
     }
-    let area = worker_git_dir(&g.common_dir, spec.worker_id);
+    let area = worker_git_dir(&g.common_dir, &spec.feature, spec.worker_id);
+    let home = worker_home_dir(&g.common_dir, &spec.feature, spec.worker_id);
     let logs = worker_log_dir(&spec.log_dir, spec.worker_id);
     // The mount point inside the worktree is created here, not by the engine (which would make
     // it root-owned), and without following anything a worker left in its worktree.
-    let mount_point = Path::new(".gsd/specs").join(&spec.feature);
-    dir_below(&spec.worktree, &mount_point)
-        .map_err(ctx("cannot create", &spec.worktree.join(&mount_point)))?;
+    let worktree = Dir::open(&spec.worktree).map_err(ctx("cannot open", &spec.worktree))?;
+    worktree
+        .make_dirs(&Path::new(".gsd/specs").join(&spec.feature), 0o755)
+        .map_err(ctx("cannot create the spec mount point in", &spec.worktree))?;
     fs::create_dir_all(&logs).map_err(ctx("cannot create", &logs))?;
-    write_private_git_dir(g, &area, spec)
+    let area_dir = write_private_git_dir(g, spec)
         .map_err(ctx("cannot prepare the worker's git dir", &area))?;
+    let home_dir = write_home(g, spec, &facts.login)
+        .map_err(ctx("cannot prepare the worker's home", &home))?;
     if facts.remapped {
         let gid = facts.gid;
-        grant_tree(&spec.worktree, gid, true, Some(&spec.worktree.join(".git")))
+        worktree
+            .grant(gid, true, &[OsStr::new(".git")])
             .map_err(ctx("cannot grant access to", &spec.worktree))?;
-        grant_tree(&area, gid, true, None).map_err(ctx("cannot grant access to", &area))?;
-        grant_tree(&logs, gid, true, None).map_err(ctx("cannot grant access to", &logs))?;
-        grant_readable(&spec.spec_dir, gid)
+        area_dir
+            .grant(gid, true, &[])
+            .map_err(ctx("cannot grant access to", &area))?;
+        home_dir
+            .grant(gid, true, &[])
+            .map_err(ctx("cannot grant access to", &home))?;
+        Dir::open(&logs)
+            .and_then(|d| d.grant(gid, true, &[]))
+            .map_err(ctx("cannot grant access to", &logs))?;
+        Dir::open(&spec.spec_dir)
+            .and_then(|d| d.grant_readable(gid))
             .map_err(ctx("cannot grant access to", &spec.spec_dir))?;
         grant_socket(&spec.socket, gid).map_err(ctx("cannot grant access to", &spec.socket))?;
-        for p in facts
-            .claude_dir
-            .iter()
-            .chain(&facts.claude_json)
-            .chain(&facts.test_paths)
-        {
-            if p.exists() {
-                grant_tree(p, gid, true, None).map_err(ctx("cannot grant access to", p))?;
-            }
+        for p in &facts.test_paths {
+            grant_test_path(p, gid).map_err(ctx("cannot grant access to", p))?;
+        }
+        for (_, p) in &facts.host_files {
+            grant_readable_path(p, gid).map_err(ctx("cannot grant access to", p))?;
         }
     }
     Ok(())
 }
 
-/// Rebuilds the worker's private git dir (see [`worker_git_dir`]). Objects the container wrote
-/// earlier are kept (they are imported on exit and on each accepted commit); refs, logs, the
-/// index and the admin dir start afresh from the real repository.
-pub(crate) fn write_private_git_dir(
-    g: &GitLayout,
-    area: &Path,
-    spec: &WorkerSpec,
-) -> io::Result<()> {
+/// Opens (making them as needed, replacing anything that is not a directory) the rush's area
+/// in the common git dir, `<common>/zerg/<feature>`.
+fn rush_area(common: &Path, feature: &str) -> io::Result<Dir> {
+    Dir::open(common)?
+        .make_dir(WORKER_GIT_SUBDIR, 0o755)?
+        .make_dir(feature, 0o755)
+}
+
+/// Builds the worker's private git dir (see [`worker_git_dir`]) from scratch: whatever an
+/// earlier container of the slot left there (its objects were imported when it exited) is
+/// removed first, so nothing it planted survives into the next spawn.
+pub(crate) fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Result<Dir> {
     let common = &g.common_dir;
-    for d in ["refs", "logs", "worktrees", "info"] {
-        let p = area.join(d);
-        if fs::symlink_metadata(&p).is_ok() {
-            if p.is_dir() && !p.is_symlink() {
-                fs::remove_dir_all(&p)?;
-            } else {
-                fs::remove_file(&p)?;
-            }
-        }
-    }
-    // A symlink a container left in place of its object dir would send zergd's writes (and the
-    // import) elsewhere.
-    let objects = area.join("objects");
-    if fs::symlink_metadata(&objects).is_ok_and(|m| !m.is_dir()) {
-        fs::remove_file(&objects)?;
-    }
-    for name in [
-        "packed-refs",
-        "index",
-        "ORIG_HEAD",
-        "FETCH_HEAD",
-        "MERGE_HEAD",
-    ] {
-        let _ = fs::remove_file(area.join(name));
-    }
-    let admin = area.join("worktrees").join(g.admin_name());
-    for d in [
-        area.join("objects/pack"),
-        area.join("objects/info"),
-        area.join("refs/heads"),
-        area.join("refs/tags"),
-        area.join("info"),
-        admin.join("info"),
-    ] {
-        fs::create_dir_all(&d)?;
-    }
-    let copy_or = |name: &str, default: &str| {
-        let text = fs::read_to_string(common.join(name)).unwrap_or_else(|_| default.to_string());
-        write_fresh(&area.join(name), text)
+    let parent = rush_area(common, &spec.feature)?;
+    let name = format!("worker-{}", spec.worker_id);
+    parent.remove(&name)?;
+    let area = parent.make_dir(&name, 0o755)?;
+    let objects = area.make_dir("objects", 0o755)?;
+    objects.make_dir("pack", 0o755)?;
+    let oinfo = objects.make_dir("info", 0o755)?;
+    area.make_dirs(Path::new("refs/heads"), 0o755)?;
+    area.make_dirs(Path::new("refs/tags"), 0o755)?;
+    let info = area.make_dir("info", 0o755)?;
+    let admin = area
+        .make_dir("worktrees", 0o755)?
+        .make_dir(g.admin_name(), 0o755)?;
+    let admin_info = admin.make_dir("info", 0o755)?;
+    let read_or = |name: &str, default: &str| {
+        fs::read(common.join(name)).unwrap_or_else(|_| default.as_bytes().to_vec())
     };
-    copy_or("config", "")?;
-    copy_or("HEAD", "ref: refs/heads/main\n")?;
+    area.write_new("config", &read_or("config", ""), 0o644)?;
+    area.write_new("HEAD", &read_or("HEAD", "ref: refs/heads/main\n"), 0o644)?;
     let spec_rel = format!("/.gsd/specs/{}/", spec.feature);
-    let mut exclude = fs::read_to_string(common.join("info/exclude")).unwrap_or_default();
-    exclude.push_str(&format!(
-        "\n# zerg: the spec snapshot is mounted here read-only\n{spec_rel}\n"
-    ));
-    write_fresh(&area.join("info/exclude"), exclude)?;
-    write_fresh(
-        &area.join("objects/info/alternates"),
-        format!("{SHARED_OBJECTS}\n"),
+    let mut exclude = read_or("info/exclude", "");
+    exclude.extend_from_slice(
+        format!("\n# zerg: the spec snapshot is mounted here read-only\n{spec_rel}\n").as_bytes(),
+    );
+    info.write_new("exclude", &exclude, 0o644)?;
+    oinfo.write_new(
+        "alternates",
+        format!("{SHARED_OBJECTS}\n").as_bytes(),
+        0o644,
     )?;
     // The worktree's own admin dir, private too: its HEAD names the worker branch, whose value
     // comes from the snapshot below; no index, so the agent's first `git reset --hard` builds
     // one that honours the sparse patterns and never touches the mounted spec.
-    write_fresh(
-        &admin.join("HEAD"),
-        format!("ref: refs/heads/{}\n", spec.branch),
+    admin.write_new(
+        "HEAD",
+        format!("ref: refs/heads/{}\n", spec.branch).as_bytes(),
+        0o644,
     )?;
-    write_fresh(&admin.join("commondir"), "../..\n")?;
-    write_fresh(
-        &admin.join("gitdir"),
-        format!("{}\n", spec.worktree.join(".git").display()),
+    admin.write_new("commondir", b"../..\n", 0o644)?;
+    admin.write_new(
+        "gitdir",
+        format!("{}\n", spec.worktree.join(".git").display()).as_bytes(),
+        0o644,
     )?;
-    write_fresh(
-        &admin.join("info/sparse-checkout"),
-        format!("/*\n!{spec_rel}\n"),
+    admin_info.write_new(
+        "sparse-checkout",
+        format!("/*\n!{spec_rel}\n").as_bytes(),
+        0o644,
     )?;
     let refs = crate::git::git(
         common,
         &["for-each-ref", "--format=%(objectname) %(refname)"],
     )
     .map_err(|e| io::Error::other(e.to_string()))?;
-    write_fresh(&area.join("packed-refs"), format!("{refs}\n"))
+    area.write_new("packed-refs", format!("{refs}\n").as_bytes(), 0o644)?;
+    Ok(area)
 }
 
-/// Writes a new file at `path`, removing whatever was there first: a symlink a container left
-/// is replaced, never followed.
-fn write_fresh(path: &Path, text: impl AsRef<[u8]>) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+/// Builds the worker's home (see [`worker_home_dir`]) from scratch: `.claude/` with a copy of
+/// the host's Claude credentials file, and `.claude.json` with only the account fields of the
+/// host's. The container writes here freely; nothing of it reaches the host's own Claude
+/// config.
+pub(crate) fn write_home(g: &GitLayout, spec: &WorkerSpec, login: &ClaudeLogin) -> io::Result<Dir> {
+    let parent = rush_area(&g.common_dir, &spec.feature)?;
+    let name = format!("home-{}", spec.worker_id);
+    parent.remove(&name)?;
+    let home = parent.make_dir(&name, 0o700)?;
+    let claude = home.make_dir(".claude", 0o700)?;
+    if let Some(c) = &login.credentials {
+        claude.write_new(".credentials.json", c, 0o600)?;
     }
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)?;
-    io::Write::write_all(&mut f, text.as_ref())
+    let account = serde_json::to_vec(&login.account).unwrap_or_else(|_| b"{}".to_vec());
+    // Claude Code reads its global settings from `$CLAUDE_CONFIG_DIR/.claude.json` when that
+    // variable is set, and from `~/.claude.json` otherwise: both get the same copy.
+    claude.write_new(".claude.json", &account, 0o600)?;
+    home.write_new(".claude.json", &account, 0o600)?;
+    Ok(home)
 }
 
-/// Sets the group of `path` (and, if `recursive`, of everything below it except `skip`) to
-/// `gid` with group read/write, group search on directories (plus setgid) and group execute
-/// where the owner may execute. Symlinks are left alone. Entries already granted cost one
-/// `lstat`.
-pub(crate) fn grant_tree(
-    path: &Path,
-    gid: u32,
-    recursive: bool,
-    skip: Option<&Path>,
-) -> io::Result<()> {
-    let meta = fs::symlink_metadata(path)?;
-    let ft = meta.file_type();
-    let mode = meta.mode() & 0o7777;
-    let want = if ft.is_dir() {
-        0o2070
-    } else if ft.is_file() {
-        0o060 | if mode & 0o100 != 0 { 0o010 } else { 0 }
-    } else if ft.is_socket() {
-        0o060
-    } else {
+/// Removes everything zergd made for a rush's containers in the repository's git dir (the
+/// private git dirs and homes of every slot, `<common>/zerg/<feature>`), once the rush has
+/// ended and its containers are gone.
+pub fn remove_rush_area(repo: &Path, feature: &str) -> io::Result<()> {
+    let common = crate::git::objects::common_dir_of(repo)?;
+    match Dir::open(&common.join(WORKER_GIT_SUBDIR)) {
+        Ok(d) => d.remove(feature),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Grants a `FAKE_CLAUDE_*` test path (a directory tree or a single file).
+fn grant_test_path(p: &Path, gid: u32) -> io::Result<()> {
+    match Dir::open(p) {
+        Ok(d) => d.grant(gid, true, &[]),
+        Err(_) => grant_file(p, gid, 0o060),
+    }
+}
+
+/// Group read on a host file or directory tree the container reads (a CA bundle).
+fn grant_readable_path(p: &Path, gid: u32) -> io::Result<()> {
+    match Dir::open(p) {
+        Ok(d) => d.grant_readable(gid),
+        Err(_) => grant_file(p, gid, 0o040),
+    }
+}
+
+/// Group bits on one file, through its descriptor, opened without following a symlink.
+fn grant_file(p: &Path, gid: u32, want: u32) -> io::Result<()> {
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
         return Ok(());
     };
-    set_group_bits(path, &meta, gid, want)?;
-    if recursive && ft.is_dir() {
-        for entry in fs::read_dir(path)? {
-            let p = entry?.path();
-            if Some(p.as_path()) != skip {
-                grant_tree(&p, gid, true, skip)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Group read (and search) on a tree the container only reads.
-pub(crate) fn grant_readable(path: &Path, gid: u32) -> io::Result<()> {
-    let meta = fs::symlink_metadata(path)?;
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        set_group_bits(path, &meta, gid, 0o050)?;
-        for entry in fs::read_dir(path)? {
-            grant_readable(&entry?.path(), gid)?;
-        }
-        Ok(())
-    } else if ft.is_file() {
-        set_group_bits(path, &meta, gid, 0o040)
-    } else {
-        Ok(())
-    }
+    Dir::open(parent)?.grant_file(name, gid, want)
 }
 
 /// Lets the container's gid connect to the worker-plane socket: group search on its directory
 /// (which holds nothing else) and group read/write on the socket. The control socket's
-/// directory above stays closed to everyone but zergd's user.
+/// directory above stays closed to everyone but zergd's user. Both are zergd's own; no
+/// container can write either.
 pub(crate) fn grant_socket(socket: &Path, gid: u32) -> io::Result<()> {
     if let Some(dir) = socket.parent() {
-        let meta = fs::metadata(dir)?;
-        set_group_bits(dir, &meta, gid, 0o010)?;
+        set_group_bits(dir, gid, 0o010)?;
     }
-    let meta = fs::metadata(socket)?;
-    set_group_bits(socket, &meta, gid, 0o060)
+    set_group_bits(socket, gid, 0o060)
 }
 
-pub(crate) fn set_group_bits(
-    path: &Path,
-    meta: &fs::Metadata,
-    gid: u32,
-    want: u32,
-) -> io::Result<()> {
+fn set_group_bits(path: &Path, gid: u32, want: u32) -> io::Result<()> {
+    let meta = fs::metadata(path)?;
     if meta.gid() != gid {
         std::os::unix::fs::chown(path, None, Some(gid))?;
     }
     let mode = meta.mode() & 0o7777;
     if mode & want != want || meta.gid() != gid {
-        // chown may clear setgid; always re-apply the full mode after a group change.
         fs::set_permissions(path, fs::Permissions::from_mode(mode | want))?;
-    }
-    Ok(())
-}
-
-/// Makes `root/rel` a directory, one component at a time, replacing whatever a worker left on
-/// the way that is not a directory (a symlink to elsewhere, a file): nothing outside `root` is
-/// ever created or followed. `rel` is relative and has no `..`.
-pub(crate) fn dir_below(root: &Path, rel: &Path) -> io::Result<()> {
-    let mut at = root.to_path_buf();
-    for c in rel.components() {
-        let std::path::Component::Normal(name) = c else {
-            return Err(io::Error::other(format!(
-                "{} is not a plain relative path",
-                rel.display()
-            )));
-        };
-        at.push(name);
-        match fs::symlink_metadata(&at) {
-            Ok(m) if m.is_dir() => continue,
-            Ok(_) => fs::remove_file(&at)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        fs::create_dir(&at)?;
     }
     Ok(())
 }
@@ -265,9 +229,10 @@ mod dir_tests {
         let root = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         let wt = root.path();
+        let d = Dir::open(wt).unwrap();
         // A worker replaced `.gsd` with a symlink out of its worktree, and `specs` with a file.
         std::os::unix::fs::symlink(outside.path(), wt.join(".gsd")).unwrap();
-        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
+        d.make_dirs(Path::new(".gsd/specs/feat"), 0o755).unwrap();
         assert!(fs::symlink_metadata(wt.join(".gsd")).unwrap().is_dir());
         assert!(wt.join(".gsd/specs/feat").is_dir());
         assert_eq!(
@@ -277,10 +242,10 @@ mod dir_tests {
         );
         fs::remove_dir_all(wt.join(".gsd/specs")).unwrap();
         fs::write(wt.join(".gsd/specs"), "not a dir").unwrap();
-        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
+        d.make_dirs(Path::new(".gsd/specs/feat"), 0o755).unwrap();
         assert!(wt.join(".gsd/specs/feat").is_dir());
         // Already there: nothing changes, and nothing but plain relative paths is accepted.
-        dir_below(wt, Path::new(".gsd/specs/feat")).unwrap();
-        assert!(dir_below(wt, Path::new("../x")).is_err());
+        d.make_dirs(Path::new(".gsd/specs/feat"), 0o755).unwrap();
+        assert!(d.make_dirs(Path::new("../x"), 0o755).is_err());
     }
 }

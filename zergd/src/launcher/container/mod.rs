@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -239,8 +239,19 @@ impl Launcher for ContainerLauncher {
                 Err(_) => None,
             };
             let log_path = spec.log_dir.join(format!("worker-{}.log", spec.worker_id));
-            let logs = mirror_logs(this.docker.clone(), id.clone(), log_path, 0);
-            let objects = Some((facts.git.common_dir.clone(), spec.worker_id));
+            let logs = mirror_logs(
+                this.docker.clone(),
+                id.clone(),
+                log_path,
+                0,
+                spec.container.log_max_bytes,
+            );
+            let objects = Some(ImportFrom {
+                common: facts.git.common_dir.clone(),
+                feature: spec.feature.clone(),
+                worker: spec.worker_id,
+                limits: spec.container.import_limits,
+            });
             tokio::spawn(finish(
                 this.clone(),
                 id.clone(),
@@ -326,7 +337,13 @@ impl Launcher for ContainerLauncher {
                         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                         .map(|d| d.as_secs().min(i32::MAX as u64) as i32)
                         .unwrap_or(0);
-                    logs = Some(mirror_logs(this.docker.clone(), id.clone(), path, since));
+                    logs = Some(mirror_logs(
+                        this.docker.clone(),
+                        id.clone(),
+                        path,
+                        since,
+                        DEFAULT_LOG_MAX,
+                    ));
                 }
                 objects = adopted.objects;
             }
@@ -396,16 +413,16 @@ async fn finish(
     this: ContainerLauncher,
     id: String,
     logs: Option<tokio::task::JoinHandle<()>>,
-    objects: Option<(PathBuf, u32)>,
+    objects: Option<ImportFrom>,
     on_exit: ExitSink,
 ) {
     let info = wait_for_exit(&this.docker, &id).await;
     if let Some(h) = logs {
         let _ = tokio::time::timeout(LOG_DRAIN, h).await;
     }
-    if let Some((common, worker)) = objects {
+    if let Some(o) = objects {
         let r = tokio::task::spawn_blocking(move || {
-            import_objects(&common, &worker_object_dir(&common, worker))
+            import_objects(&o.common, &o.feature, o.worker, o.limits)
         })
         .await;
         if let Ok(Err(e)) = r {
@@ -471,13 +488,18 @@ pub fn exit_info(code: i64, oom_killed: bool) -> ExitInfo {
     }
 }
 
+/// The log cap of a container adopted after a restart (its rush's own setting is not on it).
+const DEFAULT_LOG_MAX: u64 = 64 << 20;
+
 /// Appends the container's output to `path` (like the subprocess launcher's
-/// `worker-<N>.log`) until the container stops.
+/// `worker-<N>.log`) until the container stops, at most `max` bytes of it; past that one line
+/// says the rest was cut (the engine's own copy is capped the same way).
 fn mirror_logs(
     docker: Docker,
     id: String,
     path: PathBuf,
     since: i32,
+    max: u64,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let file = tokio::fs::OpenOptions::new()
@@ -499,8 +521,20 @@ fn mirror_logs(
             .since(since)
             .build();
         let mut stream = std::pin::pin!(docker.logs(&id, Some(opts)));
+        let mut written = 0u64;
         while let Some(Ok(chunk)) = stream.next().await {
-            if file.write_all(&chunk.into_bytes()).await.is_err() {
+            let bytes = chunk.into_bytes();
+            let room = max.saturating_sub(written);
+            let take = bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            if file.write_all(&bytes[..take]).await.is_err() {
+                break;
+            }
+            written += take as u64;
+            if take < bytes.len() {
+                let note = format!(
+                    "\n[zerg] this container's output passed container.log_max_size ({max} bytes); the rest is not kept\n"
+                );
+                let _ = file.write_all(note.as_bytes()).await;
                 break;
             }
         }
@@ -508,12 +542,21 @@ fn mirror_logs(
     })
 }
 
+/// Where the objects of an exited container are imported from.
+#[derive(Debug)]
+struct ImportFrom {
+    common: PathBuf,
+    feature: String,
+    worker: u32,
+    limits: crate::git::objects::ImportLimits,
+}
+
 /// What a container inspected after a zergd restart tells about itself.
 #[derive(Debug, Default)]
 struct Adopted {
     socket: Option<PathBuf>,
     log_file: Option<PathBuf>,
-    objects: Option<(PathBuf, u32)>,
+    objects: Option<ImportFrom>,
     remapped: Option<(u32, u32)>,
 }
 
@@ -542,7 +585,18 @@ impl Adopted {
                 .and_then(|d| d.parent().map(Path::to_path_buf))
                 .zip(worker)
                 .map(|(d, w)| d.join(format!("worker-{w}.log"))),
-            objects: labels.get(LABEL_GIT_DIR).map(PathBuf::from).zip(worker),
+            // The rush's own limits are not on the container; a restarted zergd imports its
+            // last objects within the defaults.
+            objects: labels
+                .get(LABEL_GIT_DIR)
+                .zip(labels.get(LABEL_FEATURE))
+                .zip(worker)
+                .map(|((common, feature), worker)| ImportFrom {
+                    common: PathBuf::from(common),
+                    feature: feature.clone(),
+                    worker,
+                    limits: Default::default(),
+                }),
             remapped,
         }
     }
@@ -599,5 +653,6 @@ mod tests;
 
 use crate::git::objects::import_objects;
 pub use crate::git::objects::import_worker_objects;
+pub use host::remove_rush_area;
 use host::{grant_socket, prepare_host};
 pub use spec::*;

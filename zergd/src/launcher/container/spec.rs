@@ -94,23 +94,35 @@ pub(crate) fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-/// The private git directory of worker `worker_id` (`<common>/zerg/worker-<N>`), mounted in
-/// its container in place of the real common git dir. zergd rebuilds it at every spawn: copies
-/// of `config`, `HEAD` and `info/exclude`, a snapshot of every ref as `packed-refs`, the
-/// worktree's own admin dir (`worktrees/<name>`: `HEAD`, `commondir`, `gitdir`, the sparse
-/// checkout that keeps the spec out of git's hands), and `objects/` where the container's new
-/// objects land (the real store, read-only, is its alternate). Everything git writes inside the
-/// container — commits, the worker branch, other refs, the index — stays here; zergd moves the
-/// real worker branch itself once it has checked and accepted a reported commit.
-pub fn worker_git_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
+/// The private git directory of worker `worker_id` of a rush of `feature`
+/// (`<common>/zerg/<feature>/worker-<N>`), mounted in its container in place of the real common
+/// git dir. zergd builds it from scratch at every spawn: copies of `config`, `HEAD` and
+/// `info/exclude`, a snapshot of every ref as `packed-refs`, the worktree's own admin dir
+/// (`worktrees/<name>`: `HEAD`, `commondir`, `gitdir`, the sparse checkout that keeps the spec
+/// out of git's hands), and `objects/` where the container's new objects land (the real store,
+/// read-only, is its alternate). Everything git writes inside the container — commits, the
+/// worker branch, other refs, the index — stays here; zergd moves the real worker branch itself
+/// once it has checked and accepted a reported commit. It is removed when the rush ends.
+pub fn worker_git_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
     common_dir
         .join(WORKER_GIT_SUBDIR)
+        .join(feature)
         .join(format!("worker-{worker_id}"))
 }
 
-/// The private object directory of worker `worker_id` (see [`worker_git_dir`]).
-pub fn worker_object_dir(common_dir: &Path, worker_id: u32) -> PathBuf {
-    worker_git_dir(common_dir, worker_id).join("objects")
+/// The private object directory of a worker (see [`worker_git_dir`]).
+pub fn worker_object_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
+    worker_git_dir(common_dir, feature, worker_id).join("objects")
+}
+
+/// The home directory of worker `worker_id` (`<common>/zerg/<feature>/home-<N>`), mounted at
+/// `/home/worker`: built afresh at every spawn with a copy of the Claude login and nothing
+/// else, removed when the rush ends.
+pub fn worker_home_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
+    common_dir
+        .join(WORKER_GIT_SUBDIR)
+        .join(feature)
+        .join(format!("home-{worker_id}"))
 }
 
 /// The worker's own log directory (`.zerg/logs/worker-<N>`), the only part of `.zerg` a
@@ -133,14 +145,189 @@ pub struct HostFacts {
     pub git: GitLayout,
     /// Commit identity (`user.name`, `user.email`) as zergd's git sees it for the repository.
     pub git_identity: (String, String),
-    /// The Claude config dir to mount at `/home/worker/.claude`, if any.
-    pub claude_dir: Option<PathBuf>,
-    /// `~/.claude.json`, if it exists.
-    pub claude_json: Option<PathBuf>,
-    /// Variables passed through from zergd's environment (`ANTHROPIC_API_KEY`, `FAKE_CLAUDE_*`).
+    /// What of the host's Claude login each worker's home gets a copy of.
+    pub login: ClaudeLogin,
+    /// Variables passed through from zergd's environment: [`CONTAINER_ENV_ALLOWLIST`] and
+    /// `agent.env_passthrough`, less the denylist; file-valued ones already point inside.
     pub passthrough: Vec<(String, String)>,
+    /// Host files and directories named by passed variables (certificate bundles, cloud
+    /// credentials files), each mounted read-only at the path its variable names inside.
+    pub host_files: Vec<(String, PathBuf)>,
     /// Host paths named by `FAKE_CLAUDE_*` variables, mounted at the same path.
     pub test_paths: Vec<PathBuf>,
+}
+
+/// The part of the host's Claude login a worker container gets, as copies: the credentials
+/// file (`<config dir>/.credentials.json`) and the account fields of `.claude.json`. The host's
+/// config dir itself is never mounted.
+#[derive(Debug, Clone, Default)]
+pub struct ClaudeLogin {
+    /// The credentials file's bytes, if there is one.
+    pub credentials: Option<Vec<u8>>,
+    /// The account fields of the host's `.claude.json` (an object).
+    pub account: serde_json::Value,
+}
+
+/// Fields of the host's `.claude.json` a worker's copy keeps: who is logged in, and that the
+/// first-run questions were answered. Projects, history, trusted folders and settings stay on
+/// the host.
+const ACCOUNT_FIELDS: &[&str] = &[
+    "oauthAccount",
+    "userID",
+    "hasCompletedOnboarding",
+    "lastOnboardingVersion",
+];
+
+/// Largest credentials or `.claude.json` file read from the host.
+const MAX_LOGIN_FILE: u64 = 4 << 20;
+
+impl ClaudeLogin {
+    /// Reads the login of zergd's user: `$CLAUDE_CONFIG_DIR` (else `~/.claude`) for the
+    /// credentials file, and `$CLAUDE_CONFIG_DIR/.claude.json` (else `~/.claude.json`).
+    pub fn gather() -> Self {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let config_dir = std::env::var_os("CLAUDE_CONFIG_DIR")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let dir = config_dir
+            .clone()
+            .or_else(|| home.as_ref().map(|h| h.join(".claude")));
+        let json = match &config_dir {
+            Some(d) => Some(d.join(".claude.json")),
+            None => home.map(|h| h.join(".claude.json")),
+        };
+        let read = |p: &Path| {
+            fs::symlink_metadata(p)
+                .ok()
+                .filter(|m| m.is_file() && m.len() <= MAX_LOGIN_FILE)
+                .and_then(|_| fs::read(p).ok())
+        };
+        let credentials = dir.and_then(|d| read(&d.join(".credentials.json")));
+        let host: serde_json::Value = json
+            .and_then(|p| read(&p))
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let mut account = serde_json::Map::new();
+        for k in ACCOUNT_FIELDS {
+            if let Some(v) = host.get(*k) {
+                account.insert((*k).to_string(), v.clone());
+            }
+        }
+        account
+            .entry("hasCompletedOnboarding")
+            .or_insert(serde_json::Value::Bool(true));
+        Self {
+            credentials,
+            account: serde_json::Value::Object(account),
+        }
+    }
+}
+
+/// The variables of zergd's environment a worker container inherits (a `*` suffix is a
+/// prefix), beyond `agent.env_passthrough`: the model providers' settings and logins, proxies,
+/// certificate paths, the commit identity and the agent's own settings. Host paths that mean
+/// nothing inside (`PATH`, `HOME`, toolchain dirs) are not among them.
+pub const CONTAINER_ENV_ALLOWLIST: &[&str] = &[
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "ANTHROPIC_*",
+    "CLAUDE_*",
+    "AWS_*",
+    "GOOGLE_*",
+    "CLOUDSDK_*",
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    "ZERG_LOG",
+    "ZERG_RECONNECT_TIMEOUT_SECONDS",
+    "RUST_BACKTRACE",
+];
+
+/// Variables a container never takes from zergd's environment, even when
+/// `agent.env_passthrough` names them: zergd sets them itself for the inside (and every
+/// `ZERG_*` but the agent's own two settings).
+const CONTAINER_ENV_OWN: &[&str] = &["PATH", "HOME", "CLAUDE_CONFIG_DIR"];
+
+/// Variables whose value names a host file or directory (a certificate bundle, a cloud
+/// credentials file): when passed, it is mounted read-only at `/zerg/host/<VAR>` and the
+/// variable points there.
+pub const FILE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+];
+
+/// Where a host file named by a [`FILE_VARS`] variable is mounted inside.
+pub fn host_file_in_container(var: &str) -> String {
+    format!("/zerg/host/{var}")
+}
+
+/// Environment variables as name/value pairs.
+pub type EnvVars = Vec<(String, String)>;
+
+/// The passed-through variables of `vars` for a container with `extra` (the rush's
+/// `agent.env_passthrough`), and the host files they name. `FAKE_CLAUDE_*` (the test agent
+/// CLI's hooks) pass as they are.
+pub fn container_passthrough(
+    vars: impl IntoIterator<Item = (String, String)>,
+    extra: &[String],
+) -> (EnvVars, Vec<(String, PathBuf)>) {
+    let matches = |patterns: &[&str], name: &str| {
+        patterns.iter().any(|d| match d.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *d,
+        })
+    };
+    let mut out = Vec::new();
+    let mut files = Vec::new();
+    for (k, v) in vars {
+        if k.starts_with("FAKE_CLAUDE_") {
+            out.push((k, v));
+            continue;
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let ours = matches(CONTAINER_ENV_OWN, &k)
+            || (k.starts_with("ZERG_")
+                && !matches(&["ZERG_LOG", "ZERG_RECONNECT_TIMEOUT_SECONDS"], &k));
+        if zerg_proto::contract::env_denied(&k)
+            || ours
+            || !(matches(CONTAINER_ENV_ALLOWLIST, &k) || matches(&extra, &k))
+        {
+            continue;
+        }
+        if FILE_VARS.contains(&k.as_str()) {
+            let p = PathBuf::from(&v);
+            if p.is_absolute() && p.exists() {
+                out.push((k.clone(), host_file_in_container(&k)));
+                files.push((k, p));
+            }
+            continue;
+        }
+        out.push((k, v));
+    }
+    out.sort();
+    files.sort();
+    (out, files)
 }
 
 impl HostFacts {
@@ -163,26 +350,13 @@ impl HostFacts {
             ));
         }
         let (uid, gid, remapped) = container_identity();
-        let home = std::env::var_os("HOME").map(PathBuf::from);
-        let claude_dir = std::env::var_os("CLAUDE_CONFIG_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| home.as_ref().map(|h| h.join(".claude")))
-            .filter(|p| p.is_dir());
-        let claude_json = home.map(|h| h.join(".claude.json")).filter(|p| p.is_file());
-        let mut passthrough = Vec::new();
-        let mut test_paths = Vec::new();
-        for (k, v) in std::env::vars() {
-            if k == "ANTHROPIC_API_KEY" && !v.is_empty() {
-                passthrough.push((k, v));
-            } else if k.starts_with("FAKE_CLAUDE_") {
-                if let Some(p) = test_path(&k, &v) {
-                    test_paths.push(p);
-                }
-                passthrough.push((k, v));
-            }
-        }
-        passthrough.sort();
+        let (passthrough, host_files) =
+            container_passthrough(std::env::vars(), &spec.env_passthrough);
+        let mut test_paths: Vec<PathBuf> = passthrough
+            .iter()
+            .filter(|(k, _)| k.starts_with("FAKE_CLAUDE_"))
+            .filter_map(|(k, v)| test_path(k, v))
+            .collect();
         test_paths.sort();
         test_paths.dedup();
         Ok(Self {
@@ -191,9 +365,9 @@ impl HostFacts {
             remapped,
             git_identity: git_identity(&spec.repo, spec.worker_id),
             git,
-            claude_dir,
-            claude_json,
+            login: ClaudeLogin::gather(),
             passthrough,
+            host_files,
             test_paths,
         })
     }
@@ -275,12 +449,10 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         })
         .collect();
     env.push(("HOME".into(), HOME_IN_IMAGE.into()));
-    if facts.claude_dir.is_some() {
-        env.push((
-            "CLAUDE_CONFIG_DIR".into(),
-            format!("{HOME_IN_IMAGE}/.claude"),
-        ));
-    }
+    env.push((
+        "CLAUDE_CONFIG_DIR".into(),
+        format!("{HOME_IN_IMAGE}/.claude"),
+    ));
     let config = [
         // The common git dir belongs to another uid (root, or the repo's owner).
         ("safe.directory", "*".to_string()),
@@ -320,7 +492,7 @@ pub(crate) fn same_path(p: &Path, read_only: bool) -> Mount {
 }
 
 /// The container's bind mounts. The only writable ones are the worktree, the worker's private
-/// git dir and its own log dir (and the Claude login and test hooks when present).
+/// git dir, its own home and its own log dir (and the test hooks when present).
 pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
     let g = &facts.git;
     let mut m = vec![
@@ -328,7 +500,7 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
         bind(&spec.spec_dir, &spec_dir_in_container(&spec.feature), true),
         // The worker's private git dir where the real one is.
         bind(
-            &worker_git_dir(&g.common_dir, spec.worker_id),
+            &worker_git_dir(&g.common_dir, &spec.feature, spec.worker_id),
             &g.common_dir.to_string_lossy(),
             false,
         ),
@@ -341,11 +513,13 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
         // The rush's worker-plane directory: one socket, the Worker service only.
         bind(&parent_of(&spec.socket), RUN_MOUNT, true),
     ];
-    if let Some(d) = &facts.claude_dir {
-        m.push(bind(d, &format!("{HOME_IN_IMAGE}/.claude"), false));
-    }
-    if let Some(f) = &facts.claude_json {
-        m.push(bind(f, &format!("{HOME_IN_IMAGE}/.claude.json"), false));
+    m.push(bind(
+        &worker_home_dir(&g.common_dir, &spec.feature, spec.worker_id),
+        HOME_IN_IMAGE,
+        false,
+    ));
+    for (var, p) in &facts.host_files {
+        m.push(bind(p, &host_file_in_container(var), true));
     }
     for p in &facts.test_paths {
         m.push(same_path(p, false));
@@ -380,6 +554,17 @@ pub fn host_config(spec: &WorkerSpec, facts: &HostFacts) -> HostConfig {
         security_opt: Some(vec!["no-new-privileges".into()]),
         privileged: Some(false),
         init: Some(true),
+        // The engine's own copy of the output, capped like the mirror.
+        log_config: Some(bollard::models::HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(HashMap::from([
+                (
+                    "max-size".to_string(),
+                    c.log_max_bytes.max(1 << 20).to_string(),
+                ),
+                ("max-file".to_string(), "1".to_string()),
+            ])),
+        }),
         ..Default::default()
     }
 }
@@ -444,6 +629,8 @@ pub(crate) mod tests {
                 memory_bytes: 4 << 30,
                 cpus: 2.0,
                 pids_limit: 1024,
+                import_limits: Default::default(),
+                log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
         }
@@ -459,12 +646,16 @@ pub(crate) mod tests {
                 common_dir: "/srv/repo/.git".into(),
             },
             git_identity: ("Ada".into(), "ada@example.com".into()),
-            claude_dir: Some("/root/.claude".into()),
-            claude_json: None,
+            login: ClaudeLogin::default(),
             passthrough: vec![
                 ("ANTHROPIC_API_KEY".into(), "sk-test".into()),
                 ("FAKE_CLAUDE_SCRIPT".into(), "/tmp/t/script.json".into()),
+                (
+                    "SSL_CERT_FILE".into(),
+                    host_file_in_container("SSL_CERT_FILE"),
+                ),
             ],
+            host_files: vec![("SSL_CERT_FILE".into(), "/etc/corp/ca.pem".into())],
             test_paths: vec!["/tmp/t/script.json".into()],
         }
     }
@@ -548,7 +739,18 @@ pub(crate) mod tests {
         // The worker's private git dir at the real one's path; nothing of the real one is
         // writable.
         let git = mount(&ms, "/srv/repo/.git");
-        assert_eq!(git.source.as_deref(), Some("/srv/repo/.git/zerg/worker-2"));
+        assert_eq!(
+            git.source.as_deref(),
+            Some("/srv/repo/.git/zerg/feat-x/worker-2")
+        );
+        let home = mount(&ms, "/home/worker");
+        assert_eq!(
+            home.source.as_deref(),
+            Some("/srv/repo/.git/zerg/feat-x/home-2")
+        );
+        let ca = mount(&ms, "/zerg/host/SSL_CERT_FILE");
+        assert_eq!(ca.source.as_deref(), Some("/etc/corp/ca.pem"));
+        assert_eq!(ca.read_only, Some(true));
         let objects = mount(&ms, "/zerg/shared-objects");
         assert_eq!(objects.source.as_deref(), Some("/srv/repo/.git/objects"));
         assert_eq!(objects.read_only, Some(true));
@@ -574,7 +776,7 @@ pub(crate) mod tests {
                 "/workspace",
                 "/srv/repo/.git",
                 "/zerg/logs",
-                "/home/worker/.claude",
+                "/home/worker",
                 "/tmp/t/script.json"
             ]
         );
@@ -589,7 +791,62 @@ pub(crate) mod tests {
                 !src.contains("/refs/") && !src.contains("/worktrees/"),
                 "no window into the real git dir: {src}"
             );
+            assert!(!src.contains(".claude"), "no host Claude config: {src}");
         }
+    }
+
+    #[test]
+    fn containers_get_the_providers_settings_and_not_the_hosts_paths() {
+        let vars = [
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:9"),
+            ("CLAUDE_CODE_OAUTH_TOKEN", "tok"),
+            ("CLAUDE_CODE_USE_BEDROCK", "1"),
+            ("AWS_REGION", "eu-west-1"),
+            ("HTTPS_PROXY", "http://proxy:3128"),
+            ("PATH", "/host/bin"),
+            ("HOME", "/root"),
+            ("CLAUDE_CONFIG_DIR", "/root/.claude"),
+            ("CARGO_HOME", "/root/.cargo"),
+            ("LD_PRELOAD", "/x.so"),
+            ("ZERG_WORKTREE", "/host/wt"),
+            ("ZERG_LOG", "debug"),
+            ("MY_TOOL_TOKEN", "t"),
+            ("OTHER_SECRET", "s"),
+            ("SSL_CERT_FILE", "/nonexistent/ca.pem"),
+            ("NODE_EXTRA_CA_CERTS", "/etc/hostname"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let extra = vec![
+            "MY_TOOL_*".to_string(),
+            "PATH".to_string(),
+            "LD_PRELOAD".to_string(),
+        ];
+        let (env, files) = container_passthrough(vars, &extra);
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "ANTHROPIC_BASE_URL",
+                "AWS_REGION",
+                "CLAUDE_CODE_OAUTH_TOKEN",
+                "CLAUDE_CODE_USE_BEDROCK",
+                "HTTPS_PROXY",
+                "MY_TOOL_TOKEN",
+                "NODE_EXTRA_CA_CERTS",
+                "ZERG_LOG",
+            ]
+        );
+        assert!(env.contains(&(
+            "NODE_EXTRA_CA_CERTS".into(),
+            "/zerg/host/NODE_EXTRA_CA_CERTS".into()
+        )));
+        assert_eq!(
+            files,
+            vec![(
+                "NODE_EXTRA_CA_CERTS".to_string(),
+                PathBuf::from("/etc/hostname")
+            )]
+        );
     }
 
     #[test]

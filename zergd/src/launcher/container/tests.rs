@@ -206,6 +206,8 @@ async fn real_engine_lifecycle() {
                 memory_bytes: 256 << 20,
                 cpus: 1.0,
                 pids_limit: 64,
+                import_limits: Default::default(),
+                log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
         }

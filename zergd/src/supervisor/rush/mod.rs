@@ -207,8 +207,8 @@ pub struct CommitCheck {
     pub base: String,
     /// The spec directory tasks must not change (`.gsd/specs/<feature>`).
     pub protected: String,
-    /// Container mode: the worker's new objects must be imported first.
-    pub container: bool,
+    /// Container mode: the worker's new objects must be imported first, within these limits.
+    pub container: Option<crate::git::objects::ImportLimits>,
     /// The feature (for checkpoint refs).
     pub feature: String,
     /// The task.

@@ -444,7 +444,8 @@ impl Rush {
             branch: worker_branch(self.feature(), r.worker),
             base: ts.base_commit.clone().unwrap_or_default(),
             protected: format!(".gsd/specs/{}", self.feature()),
-            container: self.doc.rush.mode == Mode::Container,
+            container: (self.doc.rush.mode == Mode::Container)
+                .then(|| self.config.container.import_limits()),
             feature: self.feature().to_string(),
             task: task_id.to_string(),
         })
