@@ -17,7 +17,9 @@ pub mod domain;
 pub mod error;
 pub mod fsat;
 pub mod git;
+pub mod incoming;
 pub mod launcher;
+pub mod logtail;
 pub mod monitor;
 pub mod notify;
 pub mod server;
@@ -144,6 +146,7 @@ pub async fn run(
     opts: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
+    incoming::raise_fd_limit();
     let dir = opts.socket.parent().unwrap_or(Path::new(".")).to_path_buf();
     std::fs::DirBuilder::new()
         .recursive(true)

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,6 +13,7 @@ use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
 use crate::calls::{RetryTasks, RushKey, StartRush, StopRush};
+use crate::logtail;
 use crate::supervisor::{ControlCmd, Event, Handle};
 
 /// The control service, backed by the supervisor handle.
@@ -137,67 +137,72 @@ impl Control for Services {
             ids = vec![w];
         }
         let (tx, rx) = mpsc::channel(256);
-        let tail = if r.tail == 0 { 100 } else { r.tail as usize };
+        let tail = if r.tail == 0 { 100 } else { r.tail as usize }.min(10_000);
         tokio::spawn(async move {
-            let mut offsets = Vec::new();
+            // Reads happen on the blocking pool, a bounded chunk at a time.
+            let read = |path: PathBuf, follower: Option<logtail::Follower>| {
+                tokio::task::spawn_blocking(move || {
+                    let mut f = std::fs::File::open(&path)?;
+                    match follower {
+                        None => {
+                            let (lines, end) = logtail::tail(&mut f, tail)?;
+                            Ok::<_, std::io::Error>((lines, logtail::Follower::at(end)))
+                        }
+                        Some(mut fol) => Ok((fol.read_new(&mut f)?, fol)),
+                    }
+                })
+            };
+            let send = |w: u32, lines: Vec<String>| {
+                let tx = tx.clone();
+                async move {
+                    for line in lines {
+                        if tx
+                            .send(Ok(v1::LogChunk { worker_id: w, line }))
+                            .await
+                            .is_err()
+                        {
+                            return false;
+                        }
+                    }
+                    true
+                }
+            };
+            let mut followers = Vec::new();
             for w in &ids {
                 let path = log_dir.join(format!("worker-{w}.log"));
-                let text = tokio::fs::read_to_string(&path).await.unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                for l in &lines[lines.len().saturating_sub(tail)..] {
-                    if tx
-                        .send(Ok(v1::LogChunk {
-                            worker_id: *w,
-                            line: l.to_string(),
-                        }))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
+                let (lines, fol) = match read(path.clone(), None).await {
+                    Ok(Ok(x)) => x,
+                    _ => (Vec::new(), logtail::Follower::at(0)),
+                };
+                if !send(*w, lines).await {
+                    return;
                 }
-                offsets.push((*w, path, text.len() as u64));
+                followers.push((*w, path, Some(fol)));
             }
             if !r.follow {
                 return;
             }
             loop {
-                for (w, path, off) in offsets.iter_mut() {
-                    let Ok(mut f) = tokio::fs::File::open(&*path).await else {
-                        continue;
+                let mut more = false;
+                for (w, path, fol) in followers.iter_mut() {
+                    let Some(f) = fol.take() else { continue };
+                    let (lines, f) = match read(path.clone(), Some(f)).await {
+                        Ok(Ok(x)) => x,
+                        // Not there (yet): start from its beginning once it is.
+                        _ => (Vec::new(), logtail::Follower::at(0)),
                     };
-                    let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
-                    if len < *off {
-                        *off = 0;
-                    }
-                    if len == *off || f.seek(std::io::SeekFrom::Start(*off)).await.is_err() {
-                        continue;
-                    }
-                    let mut reader = BufReader::new(f);
-                    let mut line = String::new();
-                    while let Ok(n) = reader.read_line(&mut line).await {
-                        if n == 0 || !line.ends_with('\n') {
-                            break;
-                        }
-                        *off += n as u64;
-                        let l = line.trim_end().to_string();
-                        line.clear();
-                        if tx
-                            .send(Ok(v1::LogChunk {
-                                worker_id: *w,
-                                line: l,
-                            }))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
+                    more |= !lines.is_empty();
+                    *fol = Some(f);
+                    if !send(*w, lines).await {
+                        return;
                     }
                 }
                 if tx.is_closed() {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                if !more {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

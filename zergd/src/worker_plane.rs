@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use tokio::net::UnixListener;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use zerg_proto::v1;
@@ -133,7 +132,9 @@ pub fn plane_socket(control_socket: &Path, rush_id: &str) -> PathBuf {
 }
 
 /// Binds a rush's worker-plane socket (mode 0600, in a 0700 directory that holds nothing else)
-/// and serves the `Worker` service on it until the returned task is aborted. The directory is
+/// and serves the `Worker` service on it until the returned task is aborted, within
+/// [`crate::incoming::Limits`]: a few connections per worker, a fixed number in all, and
+/// silent connections closed. The directory is
 /// kept across restarts, so containers that mounted it see the new socket.
 pub fn serve(
     control_socket: &Path,
@@ -169,10 +170,14 @@ pub fn serve(
         .max_decoding_message_size(MAX_WORKER_MESSAGE)
         .max_encoding_message_size(16 * MAX_WORKER_MESSAGE);
     let rid = rush_id.to_string();
+    let limits = crate::incoming::Limits::default();
     Ok(tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
+            // Pings keep a live client's connection from counting as idle.
+            .http2_keepalive_interval(Some(limits.idle / 4))
+            .http2_keepalive_timeout(Some(limits.idle / 4))
             .add_service(server)
-            .serve_with_incoming(UnixListenerStream::new(listener))
+            .serve_with_incoming(crate::incoming::bounded(listener, limits))
             .await;
         if let Err(e) = r {
             tracing::error!(rush = %rid, error = %e, "worker plane stopped");

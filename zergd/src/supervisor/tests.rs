@@ -1044,6 +1044,43 @@ fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
 }
 
 #[test]
+fn a_slot_that_checkpoints_over_and_over_backs_off_and_gives_up() {
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
+    h.start();
+    for n in 1..=5u32 {
+        h.spawned(0);
+        let t = h.join(0).expect("task");
+        let mut req = h.fail_req(0, &t, "checkpoint");
+        req.checkpoint = None;
+        h.fail_with(req);
+        let fx = h.exit(0, ExitInfo::Code(2));
+        assert_eq!(h.worker(0).respawn_times_ms.len(), n as usize);
+        if n == 1 {
+            assert_eq!(fx.spawn, vec![(0, 2)], "the first respawn is immediate");
+        } else {
+            assert!(fx.spawn.is_empty(), "later respawns back off");
+            assert_eq!(h.worker(0).status, WorkerStatus::Backoff);
+            let due = h.r.rt_workers[&0].spawn_due.expect("respawn scheduled");
+            h.advance_to(due);
+            assert_eq!(h.tick().spawn.len(), 1);
+        }
+        h.advance(Duration::from_secs(1));
+    }
+    h.spawned(0);
+    let t = h.join(0).expect("task");
+    let req = h.fail_req(0, &t, "checkpoint");
+    h.fail_with(req);
+    let fx = h.exit(0, ExitInfo::Code(2));
+    assert!(fx.spawn.is_empty());
+    assert_eq!(h.worker(0).status, WorkerStatus::GaveUp);
+    let reason = h.reason(0);
+    assert!(reason.contains("2 (checkpoint)"), "{reason}");
+    assert!(reason.contains("crash loop"), "{reason}");
+    // The task never lost an attempt to its checkpoints.
+    assert_eq!(h.task("A-L1-001").retry_count, 0);
+}
+
+#[test]
 fn a_worker_killed_mid_task_is_respawned_at_once_every_time_within_the_cap() {
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
     h.start();
@@ -1123,7 +1160,7 @@ fn exit_three_blocks_the_slot_and_fails_the_rush_with_the_reason() {
 }
 
 #[test]
-fn checkpoint_exit_requeues_the_task_and_respawns_without_counting() {
+fn checkpoint_exit_requeues_the_task_and_respawns_at_once_counted_against_the_cap() {
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
     h.start();
     h.join(0).expect("task");
@@ -1133,10 +1170,11 @@ fn checkpoint_exit_requeues_the_task_and_respawns_without_counting() {
     assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.crashes, 0, "a checkpoint is not a crash");
-    assert_eq!(fx.spawn, vec![(0, 2)]);
-    assert!(
-        h.worker(0).respawn_times_ms.is_empty(),
-        "not counted against the respawn cap"
+    assert_eq!(fx.spawn, vec![(0, 2)], "the first respawn is at once");
+    assert_eq!(
+        h.worker(0).respawn_times_ms.len(),
+        1,
+        "counted against the respawn cap"
     );
     assert_eq!(h.r.doc.rush.resilience.worker_respawns, 1);
     assert_eq!(h.r.doc.rush.resilience.task_reassignments, 0);
@@ -1690,10 +1728,9 @@ fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
     assert_eq!(t2.id, "A-L1-001");
     assert_eq!(t2.resume_from, "wip");
     assert_eq!(t2.attempt, 1);
-    // The checkpointing worker exits 2 and is replaced without counting.
+    // The checkpointing worker exits 2 and is replaced at once.
     let fx = h.exit(0, ExitInfo::Code(2));
     assert_eq!(fx.spawn, vec![(0, 2)]);
-    assert!(h.worker(0).respawn_times_ms.is_empty());
     h.complete(1, &t2);
     assert_eq!(h.task("A-L1-001").resume_from, None);
     assert_eq!(h.task("A-L1-001").status, TaskStatus::Complete);

@@ -387,8 +387,11 @@ impl Rush {
             json!({"worker_id": w, "exit": desc, "code": code}),
         );
 
-        // Checkpoints and escalations end a worker on purpose: not crashes.
+        // Checkpoints and escalations end a worker on purpose: not crashes. An escalation ends
+        // its task for good; a checkpoint hands its task on, so a slot that checkpoints over
+        // and over backs off and hits the respawn cap like a crash loop.
         let deliberate = matches!(exit, Some(WorkerExit::Checkpoint | WorkerExit::Escalation));
+        let checkpoint = exit == Some(WorkerExit::Checkpoint);
         match exit {
             Some(WorkerExit::Success) if !self.has_open_work() => {
                 self.set_worker_status(w, WorkerStatus::Done, Some("no work left".into()));
@@ -431,9 +434,9 @@ impl Rush {
                 );
             }
             _ => {
-                // Checkpoints, escalations and supervisor-initiated stops are not crashes and do
-                // not count against the respawn cap.
-                let counted = !expected && !deliberate;
+                // Escalations and supervisor-initiated stops do not count against the respawn
+                // cap; crashes and checkpoints do.
+                let counted = !expected && (!deliberate || checkpoint);
                 self.respawn(w, Cause { counted, mid_task }, &desc, now, wall, fx);
             }
         }
