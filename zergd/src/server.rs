@@ -152,16 +152,28 @@ impl Control for Services {
                     }
                 })
             };
+            // Lines go out in batches of up to 512 (and about 256 KiB): a log of millions of
+            // short lines is not millions of messages.
             let send = |w: u32, lines: Vec<String>| {
                 let tx = tx.clone();
                 async move {
-                    for line in lines {
-                        if tx
-                            .send(Ok(v1::LogChunk { worker_id: w, line }))
-                            .await
-                            .is_err()
-                        {
-                            return false;
+                    let mut batch: Vec<String> = Vec::new();
+                    let mut bytes = 0;
+                    let mut it = lines.into_iter().peekable();
+                    while let Some(l) = it.next() {
+                        bytes += l.len() + 1;
+                        batch.push(l);
+                        if batch.len() >= 512 || bytes >= 256 << 10 || it.peek().is_none() {
+                            let lines = std::mem::take(&mut batch);
+                            bytes = 0;
+                            let chunk = v1::LogChunk {
+                                worker_id: w,
+                                line: lines.join("\n"),
+                                lines,
+                            };
+                            if tx.send(Ok(chunk)).await.is_err() {
+                                return false;
+                            }
                         }
                     }
                     true

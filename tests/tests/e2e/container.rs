@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use zerg_tests::*;
 
-const T: Duration = Duration::from_secs(240);
-const IMAGE: &str = "zerg-worker:e2e";
+pub(crate) const T: Duration = Duration::from_secs(240);
+pub(crate) const IMAGE: &str = "zerg-worker:e2e";
 
 /// Container tests exercise crashes and restarts, not staleness: lenient heartbeat limits keep
 /// a loaded machine from adding false stale detections.
-const CONTAINER_WORKERS: &str = "workers:
+pub(crate) const CONTAINER_WORKERS: &str = "workers:
   heartbeat_interval_seconds: 0.5
   heartbeat_stale_threshold: 15
   task_stale_timeout_seconds: 30
@@ -29,7 +29,7 @@ const CONTAINER_WORKERS: &str = "workers:
 
 /// Builds the test image once (offline: host binaries plus the fake agent CLI; cached by the
 /// builder). Returns false when no engine is reachable and skipping is allowed.
-fn docker_ready() -> bool {
+pub(crate) fn docker_ready() -> bool {
     static READY: OnceLock<Result<(), String>> = OnceLock::new();
     let r = READY.get_or_init(|| {
         let info = Command::new("docker")
@@ -66,12 +66,17 @@ fn docker_ready() -> bool {
     }
 }
 
-fn container_config(repo: &TestRepo, image: &str) {
+pub(crate) fn container_config(repo: &TestRepo, image: &str) {
+    container_config_with(repo, image, "");
+}
+
+/// [`container_config`] with more lines in its `workers:` section (each indented two spaces).
+pub(crate) fn container_config_with(repo: &TestRepo, image: &str, workers_extra: &str) {
     std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
     std::fs::write(
         repo.path.join(".zerg/config.yaml"),
         format!(
-            "agent:\n  command: [fake-claude, --print, --dangerously-skip-permissions]\n  timeout_seconds: 120\ncontainer:\n  image: {image}\nresources:\n  container_memory_limit: 512m\n  container_cpu_limit: 1.0\n{CONTAINER_WORKERS}"
+            "agent:\n  command: [fake-claude, --print, --dangerously-skip-permissions]\n  timeout_seconds: 120\ncontainer:\n  image: {image}\nresources:\n  container_memory_limit: 512m\n  container_cpu_limit: 1.0\n{CONTAINER_WORKERS}{workers_extra}"
         ),
     )
     .unwrap();
@@ -80,19 +85,24 @@ fn container_config(repo: &TestRepo, image: &str) {
 /// A zergd for container tests. The fake agent CLI counts attempts across containers in a
 /// directory of the test's (mounted into every worker at the same path, as `FAKE_CLAUDE_*`
 /// paths are), and `marks` is a directory the agent can leave marker files in.
-struct Ctx {
-    d: Daemon,
-    marks: std::path::PathBuf,
-    _dir: tempfile::TempDir,
+pub(crate) struct Ctx {
+    pub(crate) d: Daemon,
+    pub(crate) marks: std::path::PathBuf,
+    pub(crate) _dir: tempfile::TempDir,
 }
 
-fn cdaemon() -> Ctx {
+pub(crate) fn cdaemon() -> Ctx {
+    cdaemon_with(vec![])
+}
+
+/// [`cdaemon`] with more variables in zergd's environment.
+pub(crate) fn cdaemon_with(extra: Vec<(String, String)>) -> Ctx {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("fake-state");
     let marks = dir.path().join("marks");
     std::fs::create_dir_all(&state).unwrap();
     std::fs::create_dir_all(&marks).unwrap();
-    let d = Daemon::start_with_env(vec![
+    let mut env = vec![
         (
             "FAKE_CLAUDE_STATE_DIR".into(),
             state.to_string_lossy().into(),
@@ -101,7 +111,9 @@ fn cdaemon() -> Ctx {
             "FAKE_CLAUDE_MARK_DIR".into(),
             marks.to_string_lossy().into(),
         ),
-    ]);
+    ];
+    env.extend(extra);
+    let d = Daemon::start_with_env(env);
     Ctx {
         d,
         marks,
@@ -109,7 +121,7 @@ fn cdaemon() -> Ctx {
     }
 }
 
-fn docker(args: &[&str]) -> String {
+pub(crate) fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")
         .args(args)
         .output()
@@ -119,7 +131,7 @@ fn docker(args: &[&str]) -> String {
 
 /// Starts a detached container rush of `feature` with `workers` workers.
 #[track_caller]
-fn start_detached(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
+pub(crate) fn start_detached(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
     let n = workers.to_string();
     let out = d.ctl_in(
         &repo.path,
@@ -141,7 +153,7 @@ fn start_detached(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
 }
 
 /// Waits until `n` workers of the rush are in their agent CLI.
-fn wait_implementing(d: &Daemon, repo: &TestRepo, feature: &str, n: usize) -> Value {
+pub(crate) fn wait_implementing(d: &Daemon, repo: &TestRepo, feature: &str, n: usize) -> Value {
     d.wait_for(&repo.path, feature, T, "workers in their agent CLI", |s| {
         s["workers"].as_object().is_some_and(|w| {
             w.values()
@@ -153,7 +165,7 @@ fn wait_implementing(d: &Daemon, repo: &TestRepo, feature: &str, n: usize) -> Va
 }
 
 /// Containers (running or not) of a rush, by label.
-fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
+pub(crate) fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
     let filter = format!("label=zerg.rush={rush_id}");
     let mut args = vec!["ps", "-q", "--filter", filter.as_str()];
     if all {
@@ -166,7 +178,7 @@ fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
         .collect()
 }
 
-fn wait_no_containers(rush_id: &str) {
+pub(crate) fn wait_no_containers(rush_id: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !containers_of(rush_id, true).is_empty() {
         assert!(
@@ -178,7 +190,7 @@ fn wait_no_containers(rush_id: &str) {
     }
 }
 
-fn container_running(st: &Value, task: &str) -> Option<String> {
+pub(crate) fn container_running(st: &Value, task: &str) -> Option<String> {
     st["workers"]
         .as_object()?
         .values()
@@ -442,7 +454,7 @@ fn after_kill_9_of_zergd_with_containers_running_none_is_left_behind() {
 }
 
 /// The worker's own worktree on the host.
-fn worktree_of(repo: &TestRepo, feature: &str, worker: &str) -> std::path::PathBuf {
+pub(crate) fn worktree_of(repo: &TestRepo, feature: &str, worker: &str) -> std::path::PathBuf {
     repo.path
         .join(".zerg-worktrees")
         .join(feature)
@@ -450,7 +462,7 @@ fn worktree_of(repo: &TestRepo, feature: &str, worker: &str) -> std::path::PathB
 }
 
 /// An environment variable of a container, from `docker inspect`.
-fn container_env(id: &str, key: &str) -> String {
+pub(crate) fn container_env(id: &str, key: &str) -> String {
     let inspect: Value = serde_json::from_str(&docker(&["inspect", id])).expect("inspect JSON");
     inspect[0]["Config"]["Env"]
         .as_array()

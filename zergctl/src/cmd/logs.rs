@@ -27,8 +27,23 @@ pub async fn run(
         .await
         .map_err(from_status)?
         .into_inner();
+    use std::io::Write;
     while let Some(chunk) = s.message().await.map_err(from_status)? {
-        println!("[W{}] {}", chunk.worker_id, chunk.line);
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let lines: Vec<&str> = if chunk.lines.is_empty() {
+            vec![chunk.line.as_str()]
+        } else {
+            chunk.lines.iter().map(String::as_str).collect()
+        };
+        for l in lines {
+            // A closed pipe (`| head`) ends the command quietly.
+            if writeln!(out, "[W{}] {l}", chunk.worker_id).is_err() {
+                return Ok(code::OK);
+            }
+        }
+        if out.flush().is_err() {
+            return Ok(code::OK);
+        }
     }
     Ok(code::OK)
 }
