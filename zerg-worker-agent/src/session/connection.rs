@@ -23,13 +23,7 @@ pub(super) async fn connect_retrying(env: &Env) -> Result<Channel, String> {
     loop {
         match zerg_proto::transport::connect(socket).await {
             Ok(ch) => return Ok(ch),
-            Err(_) if !socket.exists() && !env.worktree.exists() => {
-                return Err(format!(
-                    "zergd's socket {} and this worker's worktree {} are both gone: the rush is over",
-                    socket.display(),
-                    env.worktree.display()
-                ));
-            }
+            Err(_) if env.orphaned() => return Err(env.orphaned_message()),
             Err(e) if start.elapsed() < timeout => {
                 eprintln!(
                     "zerg-worker-agent: cannot reach zergd at {} ({e}); retrying in {delay:?}",

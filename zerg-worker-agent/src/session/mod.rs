@@ -164,6 +164,7 @@ impl Session {
                     eprintln!("zerg-worker-agent: re-registered with zergd");
                     return Ok(());
                 }
+                Err(_) if self.env.orphaned() => return Err(self.env.orphaned_message()),
                 Err(s) if is_transport(&s) && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(500)).await
                 }
@@ -226,8 +227,11 @@ impl Session {
         }
     }
 
-    /// Waits for a lease while heartbeating as idle (a parked worker is alive, not stale).
+    /// Waits for a lease while heartbeating as idle (a parked worker is alive, not stale). Gives
+    /// up when the heartbeat stream gave up reaching zergd: a lease call in flight when zergd
+    /// went away may never return.
     async fn lease(&mut self) -> Result<v1::LeaseReply, Status> {
+        let mut unreachable = self.unreachable_rx.clone();
         loop {
             let mut c = self.client.clone();
             let req = v1::LeaseRequest {
@@ -241,6 +245,9 @@ impl Session {
                 tokio::select! {
                     r = &mut fut => break r,
                     _ = tick.tick() => self.beat(),
+                    Ok(_) = unreachable.wait_for(|gone| *gone) => {
+                        return Err(Status::unavailable("zergd cannot be reached"));
+                    }
                 }
             };
             match res {
