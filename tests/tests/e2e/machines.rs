@@ -183,6 +183,11 @@ fn the_users_commit_hooks_do_not_stall_a_rush() {
         &hooks.join("pre-commit"),
         "#!/bin/sh\necho 'pre-commit: lint failed' >&2\nexit 1\n",
     );
+    // `--no-verify` does not skip this one.
+    write_exec(
+        &hooks.join("prepare-commit-msg"),
+        "#!/bin/sh\necho 'prepare-commit-msg: no ticket number' >&2\nexit 1\n",
+    );
     // The hooks are live: the user's own commit is refused.
     let own = Command::new("git")
         .arg("-C")
