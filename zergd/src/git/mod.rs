@@ -129,11 +129,12 @@ fn driver_overrides(listed: &str) -> Vec<String> {
     out
 }
 
-/// Whether this machine's git has `--attr-source` (git 2.40 and later); asked once.
+/// Whether this machine's git has `--attr-source` (git 2.40 and later); asked once, in `/`
+/// (zergd's own working directory may be gone).
 fn attr_source_supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SUPPORTED.get_or_init(|| {
-        git(Path::new("."), &["version"])
+        git(Path::new("/"), &["version"])
             .ok()
             .and_then(|v| version_at_least(&v, (2, 40)))
             .unwrap_or(false)
