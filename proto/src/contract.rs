@@ -183,6 +183,9 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "AWS_*",
     "GOOGLE_*",
     "CLOUDSDK_*",
+    // Claude Code's own switch for a machine that is a sandbox: it then accepts
+    // `--dangerously-skip-permissions` as root. zergd never sets it.
+    "IS_SANDBOX",
     // Toolchains that verification commands run (`cargo test`, `go test`, `npm test`, …).
     "CARGO_HOME",
     "RUSTUP_HOME",

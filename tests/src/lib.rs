@@ -221,7 +221,10 @@ impl Daemon {
         Self::start_with_env(vec![])
     }
 
-    /// Starts zergd with extra environment variables.
+    /// Starts zergd with extra environment variables; an empty value removes the variable from
+    /// zergd's environment. The machine the tests run on counts as a sandbox: zergd gets
+    /// `IS_SANDBOX=1` (which lets the agent command hold `--dangerously-skip-permissions` when
+    /// the tests run as root) unless `env` names it.
     pub fn start_with_env(env: Vec<(String, String)>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("zergd-")
@@ -244,12 +247,22 @@ impl Daemon {
             .append(true)
             .open(self.dir.path().join("zergd.log"))
             .expect("log");
-        let child = Command::new(bin("zergd"))
+        let mut cmd = Command::new(bin("zergd"));
+        if !self.env.iter().any(|(k, _)| k == "IS_SANDBOX") {
+            cmd.env("IS_SANDBOX", "1");
+        }
+        for (k, v) in &self.env {
+            if v.is_empty() {
+                cmd.env_remove(k);
+            } else {
+                cmd.env(k, v);
+            }
+        }
+        let child = cmd
             .arg("--socket")
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("ZERG_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))

@@ -305,8 +305,11 @@ pub async fn git_with(
     env: &[(String, String)],
 ) -> Result<String, String> {
     // The agent's environment comes from zergd, which already left out what could redirect
-    // git (and sets GIT_CONFIG_* itself in containers): nothing to scrub here.
+    // git (and sets GIT_CONFIG_* itself in containers): nothing to scrub here. The user's hooks
+    // never run for the worker's own git (its commits, resets and checkouts), as for zergd's:
+    // `--no-verify` alone leaves `prepare-commit-msg` and `post-commit` running.
     let out = Command::new("git")
+        .args(["-c", "core.hooksPath=/dev/null"])
         .arg("-C")
         .arg(dir)
         .args(args)

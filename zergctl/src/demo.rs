@@ -43,16 +43,14 @@ const GRAPH: &str = r#"{
 }
 "#;
 
+/// Who commits in the demo repository.
+const DEMO_NAME: &str = "zerg demo";
+const DEMO_EMAIL: &str = "demo@zerg.invalid";
+
 fn sh(dir: &Path, args: &[&str]) -> Result<String, CliError> {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args([
-            "-c",
-            "user.name=zerg demo",
-            "-c",
-            "user.email=demo@zerg.invalid",
-        ])
         .args(args)
         .output()
         .map_err(|e| {
@@ -98,6 +96,10 @@ pub fn make_repo(dir: &Path) -> Result<(), CliError> {
     );
     std::fs::write(dir.join(".zerg/config.yaml"), config).map_err(io)?;
     sh(dir, &["init", "-q", "-b", "main"])?;
+    // An identity of its own, in the repository's config: the workers' commits and zergd's
+    // merges need one, and a fresh machine (a CI runner, a new VM) has none.
+    sh(dir, &["config", "user.name", DEMO_NAME])?;
+    sh(dir, &["config", "user.email", DEMO_EMAIL])?;
     sh(dir, &["add", "-A"])?;
     sh(dir, &["commit", "-q", "-m", "demo: initial commit"])?;
     Ok(())
@@ -111,7 +113,8 @@ fn zergd_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("zergd"))
 }
 
-/// Runs the demo.
+/// Runs the demo. However it ends (complete, paused, failed, or interrupted with Ctrl-C), its
+/// workers are stopped before its zergd is shut down: nothing it started outlives it.
 pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
     let tmp = tempfile::Builder::new()
         .prefix("zerg-demo-")
@@ -125,6 +128,11 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
     let repo = tmp.path().join("repo");
     make_repo(&repo)?;
     let socket = tmp.path().join("run").join("zergd.sock");
+    // From here on a Ctrl-C is the demo's to handle: it ends the demo the same way as any other
+    // outcome.
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| CliError::new(code::INTERNAL, format!("cannot handle Ctrl-C: {e}")))?;
     let mut zergd = tokio::process::Command::new(zergd_bin())
         .arg("--socket")
         .arg(&socket)
@@ -132,6 +140,9 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
         .arg(tmp.path().join("state"))
         .env("ZERG_LOG", "warn")
         .stdin(Stdio::null())
+        // Its own process group: a Ctrl-C at the terminal reaches the demo, which stops the
+        // workers and then zergd, rather than zergd, which would leave its workers running.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
@@ -159,19 +170,38 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
             client = Some(v1::control_client::ControlClient::new(ch));
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = interrupt.recv() => {
+                // No rush has started: zergd has no workers yet.
+                let _ = zergd.kill().await;
+                return Ok(code::FAILED);
+            }
+        }
     }
     let mut c =
         client.ok_or_else(|| CliError::new(code::INTERNAL, "zergd did not start listening"))?;
     let repo_s = repo.to_string_lossy().to_string();
-    let result =
-        crate::cmd::rush::rush(&mut c, &repo_s, "demo", workers, "subprocess", false, false).await;
-    if let Ok(code::OK) = result {
+    let result = tokio::select! {
+        r = crate::cmd::rush::rush(&mut c, &repo_s, "demo", workers, "subprocess", false, false) => r,
+        _ = interrupt.recv() => Ok(code::FAILED),
+    };
+    let complete = status(&mut c, &repo_s)
+        .await
+        .is_some_and(|st| st.state() == v1::RushState::Complete);
+    let result = match result {
+        Ok(code::OK) if !complete => Ok(code::FAILED),
+        other => other,
+    };
+    if complete {
         let log = sh(&repo, &["log", "--oneline", "zerg/demo/staging"])?;
         println!("\nzerg/demo/staging:\n{log}");
         let hello = sh(&repo, &["show", "zerg/demo/staging:src/hello.txt"])?;
         println!("src/hello.txt on staging:\n{hello}");
+    } else {
+        println!("The demo did not complete; stopping its workers.");
     }
+    stop_workers(&mut c, &repo_s).await;
     let _ = c.shutdown(v1::ShutdownRequest {}).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), zergd.wait()).await;
     if keep {
@@ -179,4 +209,51 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
         println!("Kept {}", path.display());
     }
     result
+}
+
+async fn status(
+    c: &mut v1::control_client::ControlClient<tonic::transport::Channel>,
+    repo: &str,
+) -> Option<v1::RushStatus> {
+    c.status(v1::StatusRequest {
+        repo: repo.to_string(),
+        feature: "demo".into(),
+    })
+    .await
+    .ok()
+    .map(|r| r.into_inner())
+}
+
+/// Stops the demo rush's workers (SIGKILL: the demo is over) and waits until zergd has seen
+/// every one of them exit.
+async fn stop_workers(
+    c: &mut v1::control_client::ControlClient<tonic::transport::Channel>,
+    repo: &str,
+) {
+    // A complete rush has nothing to stop: its workers exit by themselves.
+    let _ = c
+        .stop(v1::StopRequest {
+            repo: repo.to_string(),
+            feature: "demo".into(),
+            force: true,
+        })
+        .await;
+    let gone = |st: &v1::RushStatus| {
+        st.workers.values().all(|w| {
+            matches!(
+                w.status(),
+                v1::WorkerState::Exited
+                    | v1::WorkerState::Done
+                    | v1::WorkerState::GaveUp
+                    | v1::WorkerState::Blocked
+            )
+        })
+    };
+    for _ in 0..600 {
+        match status(c, repo).await {
+            Some(st) if !gone(&st) => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => return,
+        }
+    }
+    eprintln!("warning: some demo workers had not exited after 30 s");
 }

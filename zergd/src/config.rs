@@ -44,6 +44,37 @@ pub struct Config {
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
     pub symbols: zerg_proto::symbols::Settings,
+    /// zergd's own commits (the staging merges).
+    pub git: GitConfig,
+}
+
+/// `git:` section. The original's keys in this section are accepted and ignored.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct GitConfig {
+    /// Who zergd's merge commits are by when git has no identity for the repository.
+    pub identity: GitIdentity,
+}
+
+/// `git.identity`: the author and committer of zergd's merge commits on a machine where git
+/// has none (`git var GIT_COMMITTER_IDENT` fails: no `user.name` / `user.email` anywhere). Where
+/// git has one, the merges are the user's, as their own commits are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GitIdentity {
+    /// Name.
+    pub name: String,
+    /// Email address.
+    pub email: String,
+}
+
+impl Default for GitIdentity {
+    fn default() -> Self {
+        Self {
+            name: "zerg".into(),
+            email: "zerg@localhost".into(),
+        }
+    }
 }
 
 /// `workers:` section.
@@ -471,6 +502,16 @@ impl Config {
             return Err("resources.container_cpu_limit: must be positive".into());
         }
         self.symbols.check()?;
+        for (key, v) in [
+            ("git.identity.name", &self.git.identity.name),
+            ("git.identity.email", &self.git.identity.email),
+        ] {
+            if v.trim().is_empty() || v.contains(['<', '>', '\n']) {
+                return Err(format!(
+                    "{key}: must be non-empty, on one line and without < or >, got {v:?}"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -546,7 +587,8 @@ pub fn parse_memory(s: &str) -> Result<i64, String> {
 /// the original that zerg accepts inside its own sections are fields of the config types.)
 fn warn_unknown(path: &str) -> bool {
     let section = path.split('.').next().unwrap_or(path);
-    !IGNORED_SECTIONS.contains(&section)
+    // `git` is the original's section too: only zerg's own key in it is checked.
+    path.starts_with("git.identity.") || !IGNORED_SECTIONS.contains(&section)
 }
 
 /// Config durations: written as seconds (fractions allowed), held as [`Duration`], so they
@@ -780,6 +822,31 @@ mod tests {
         assert!(err.contains("symbols.max_bytes_per_task"), "{err}");
         let (_, w) = Config::parse("symbols: {enable: false}\n", "c.yaml").unwrap();
         assert_eq!(w, ["c.yaml: unknown key symbols.enable (ignored)"]);
+    }
+
+    #[test]
+    fn the_git_identity_is_typed_checked_and_shares_the_originals_section() {
+        let (c, w) = Config::parse(
+            "git: {identity: {name: Merge Bot, email: bot@example.com}, auto_push: true}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert!(
+            w.is_empty(),
+            "the original's git keys are accepted silently: {w:?}"
+        );
+        assert_eq!(c.git.identity.name, "Merge Bot");
+        assert_eq!(c.git.identity.email, "bot@example.com");
+        assert_eq!(Config::default().git.identity.name, "zerg");
+        assert_eq!(Config::default().git.identity.email, "zerg@localhost");
+        let (_, w) = Config::parse("git: {identity: {nmae: x}}\n", "c.yaml").unwrap();
+        assert_eq!(w, ["c.yaml: unknown key git.identity.nmae (ignored)"]);
+        for bad in ["''", "'a <b>'", "\"a\\nb\""] {
+            let err = Config::parse(&format!("git: {{identity: {{email: {bad}}}}}\n"), "c.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("git.identity.email"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -37,12 +37,16 @@ fn init_logging(
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour);
+    // The appender lists the directory as it starts (to prune old files) and says so on stderr
+    // when it is missing: it exists before the appender looks. A failure shows in `build`.
+    let logs = state_dir.join("logs");
+    let _ = std::fs::create_dir_all(&logs);
     let file = tracing_appender::rolling::Builder::new()
         .rotation(tracing_appender::rolling::Rotation::DAILY)
         .filename_prefix("zergd")
         .filename_suffix("log")
         .max_log_files(7)
-        .build(state_dir.join("logs"));
+        .build(logs);
     let registry = tracing_subscriber::registry().with(filter());
     match file {
         Ok(appender) => {

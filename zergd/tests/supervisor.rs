@@ -131,7 +131,8 @@ fn repo(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(r.join(".zerg")).unwrap();
     std::fs::write(
         r.join(".zerg/config.yaml"),
-        "workers:\n  spawn_backoff_base_seconds: 0.05\n  spawn_backoff_max_seconds: 0.1\n  heartbeat_interval_seconds: 1\n  heartbeat_stale_threshold: 30\n",
+        // The launcher is a fake: no agent CLI runs (and none that zergd refuses as root).
+        "agent:\n  command: [unused-agent]\nworkers:\n  spawn_backoff_base_seconds: 0.05\n  spawn_backoff_max_seconds: 0.1\n  heartbeat_interval_seconds: 1\n  heartbeat_stale_threshold: 30\n",
     )
     .unwrap();
     r

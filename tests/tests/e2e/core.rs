@@ -543,20 +543,42 @@ fn another_user_is_refused_on_the_control_socket_even_when_the_file_mode_allows_
     assert!(d.ctl(&["list"]).status.success());
 }
 
+/// The demo runs as a new user would run it on a fresh machine: no git identity anywhere (an
+/// empty home, no system config), and a zergd that has never run.
 #[test]
 fn the_demo_runs() {
+    let home = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(bin("zergctl"))
-        .args(["demo", "--workers", "2"])
+        .args(["demo", "--workers", "2", "--keep"])
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join(".config"))
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_CONFIG_GLOBAL")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("complete: 6/6"), "{stdout}");
     assert!(stdout.contains("modified by DEMO-L3-001"), "{stdout}");
+    // No stray line from zergd's log writer.
+    assert!(!stderr.contains("Error reading the log"), "{stderr}");
+    // The demo repository has an identity of its own: every commit on staging is by it.
+    let kept = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Kept "))
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let who = git(
+        &kept.join("repo"),
+        &["log", "--format=%an <%ae>|%cn <%ce>", "zerg/demo/staging"],
+    );
+    let _ = std::fs::remove_dir_all(&kept);
+    assert!(
+        who.lines()
+            .all(|l| l == "zerg demo <demo@zerg.invalid>|zerg demo <demo@zerg.invalid>"),
+        "{who}"
+    );
 }
 
 #[test]

@@ -6,4 +6,5 @@ mod cli;
 mod container;
 mod core;
 mod hostile;
+mod machines;
 mod symbols;

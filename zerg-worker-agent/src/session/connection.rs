@@ -11,13 +11,19 @@ pub(super) fn is_transport(s: &Status) -> bool {
     )
 }
 
-/// Connects to the socket, retrying with capped exponential backoff (0.5 s to 5 s).
-pub(super) async fn connect_retrying(socket: &Path, timeout: Duration) -> Result<Channel, String> {
+/// Connects to zergd's worker plane, retrying with capped exponential backoff (0.5 s to 5 s) for
+/// up to the reconnect timeout. Gives up at once when zergd's socket and this worker's worktree
+/// are both gone: the rush is over (its zergd and its files went away, as a demo's do when it
+/// ends), and nothing would ever answer. A zergd that restarts keeps both.
+pub(super) async fn connect_retrying(env: &Env) -> Result<Channel, String> {
+    let socket = &env.socket;
+    let timeout = env.reconnect_timeout;
     let start = Instant::now();
     let mut delay = Duration::from_millis(500);
     loop {
         match zerg_proto::transport::connect(socket).await {
             Ok(ch) => return Ok(ch),
+            Err(_) if env.orphaned() => return Err(env.orphaned_message()),
             Err(e) if start.elapsed() < timeout => {
                 eprintln!(
                     "zerg-worker-agent: cannot reach zergd at {} ({e}); retrying in {delay:?}",
@@ -37,17 +43,23 @@ pub(super) async fn connect_retrying(socket: &Path, timeout: Duration) -> Result
 }
 
 /// Keeps a client-streaming Heartbeat RPC open and feeds it from the work loop; reconnects when
-/// zergd goes away; reports a refused heartbeat (revoked lease) through `abort`.
+/// zergd goes away; reports a refused heartbeat (revoked lease) through `abort`, and through
+/// `unreachable` that zergd cannot be reached any more (the work in hand cannot be reported).
 pub(super) async fn heartbeat_loop(
     env: Env,
     mut rx: mpsc::Receiver<v1::HeartbeatRequest>,
     abort: watch::Sender<Option<Revocation>>,
+    unreachable: watch::Sender<bool>,
 ) {
     let mut pending: Option<v1::HeartbeatRequest> = None;
     loop {
-        let ch = match connect_retrying(&env.socket, env.reconnect_timeout).await {
+        let ch = match connect_retrying(&env).await {
             Ok(c) => c,
-            Err(_) => return,
+            Err(e) => {
+                eprintln!("zerg-worker-agent: {e}; giving up the task in hand");
+                let _ = unreachable.send(true);
+                return;
+            }
         };
         let mut client = env.client(ch);
         let (tx, inner) = mpsc::channel(16);

@@ -75,6 +75,21 @@ impl Env {
         })
     }
 
+    /// Whether zergd's socket and this worker's worktree are both gone: the rush is over, and
+    /// nothing will ever answer on the socket again.
+    pub(super) fn orphaned(&self) -> bool {
+        !self.socket.exists() && !self.worktree.exists()
+    }
+
+    /// Says why an orphaned worker gives up.
+    pub(super) fn orphaned_message(&self) -> String {
+        format!(
+            "zergd's socket {} and this worker's worktree {} are both gone: the rush is over",
+            self.socket.display(),
+            self.worktree.display()
+        )
+    }
+
     pub(super) fn client(&self, ch: Channel) -> Client {
         WorkerClient::with_interceptor(ch, self.token.clone())
     }

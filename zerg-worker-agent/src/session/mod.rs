@@ -63,6 +63,8 @@ pub struct Session {
     cfg: v1::RegisterReply,
     hb_tx: mpsc::Sender<v1::HeartbeatRequest>,
     abort_rx: watch::Receiver<Option<Revocation>>,
+    /// Set when the heartbeat stream gave up reaching zergd.
+    unreachable_rx: watch::Receiver<bool>,
     last_output: Arc<AtomicI64>,
     current: Option<(String, String)>,
     step: v1::Step,
@@ -80,7 +82,7 @@ pub struct Session {
 impl Session {
     /// Connects, registers and starts the heartbeat stream.
     pub async fn start(env: Env) -> Result<Session, String> {
-        let ch = connect_retrying(&env.socket, env.reconnect_timeout).await?;
+        let ch = connect_retrying(&env).await?;
         let mut client = env.client(ch);
         let reg = v1::RegisterRequest {
             worker: Some(env.me()),
@@ -94,7 +96,8 @@ impl Session {
             .into_inner();
         let (hb_tx, hb_rx) = mpsc::channel(16);
         let (abort_tx, abort_rx) = watch::channel(None);
-        tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx));
+        let (unreachable_tx, unreachable_rx) = watch::channel(false);
+        tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx, unreachable_tx));
         // Commits need an identity; use the user's git config when it has one.
         let identity = match run::git(&env.worktree, &["config", "user.email"]).await {
             Ok(e) if !e.is_empty() => vec![],
@@ -128,6 +131,7 @@ impl Session {
             cfg,
             hb_tx,
             abort_rx,
+            unreachable_rx,
             last_output: Arc::new(AtomicI64::new(0)),
             current: None,
             step: v1::Step::Initializing,
@@ -143,7 +147,7 @@ impl Session {
     /// Reconnects after zergd went away (it may have restarted) and registers again, telling it
     /// which lease this worker still holds.
     async fn reconnect(&mut self) -> Result<(), String> {
-        let ch = connect_retrying(&self.env.socket, self.env.reconnect_timeout).await?;
+        let ch = connect_retrying(&self.env).await?;
         self.client = self.env.client(ch);
         let (held_task_id, held_lease_id) = self.current.clone().unwrap_or_default();
         let reg = v1::RegisterRequest {
@@ -160,6 +164,7 @@ impl Session {
                     eprintln!("zerg-worker-agent: re-registered with zergd");
                     return Ok(());
                 }
+                Err(_) if self.env.orphaned() => return Err(self.env.orphaned_message()),
                 Err(s) if is_transport(&s) && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(500)).await
                 }
@@ -222,8 +227,11 @@ impl Session {
         }
     }
 
-    /// Waits for a lease while heartbeating as idle (a parked worker is alive, not stale).
+    /// Waits for a lease while heartbeating as idle (a parked worker is alive, not stale). Gives
+    /// up when the heartbeat stream gave up reaching zergd: a lease call in flight when zergd
+    /// went away may never return.
     async fn lease(&mut self) -> Result<v1::LeaseReply, Status> {
+        let mut unreachable = self.unreachable_rx.clone();
         loop {
             let mut c = self.client.clone();
             let req = v1::LeaseRequest {
@@ -237,6 +245,9 @@ impl Session {
                 tokio::select! {
                     r = &mut fut => break r,
                     _ = tick.tick() => self.beat(),
+                    Ok(_) = unreachable.wait_for(|gone| *gone) => {
+                        return Err(Status::unavailable("zergd cannot be reached"));
+                    }
                 }
             };
             match res {
@@ -249,7 +260,9 @@ impl Session {
         }
     }
 
-    /// Runs a child process while heartbeating; `None` when zergd revoked the lease meanwhile.
+    /// Runs a child process while heartbeating; `None` when zergd revoked the lease meanwhile,
+    /// or when zergd cannot be reached any more (the child is stopped: its result could never be
+    /// reported).
     async fn supervise(&mut self, spec: Spec<'_>) -> Option<std::io::Result<Outcome>> {
         let lease = self
             .current
@@ -259,12 +272,17 @@ impl Session {
         let last = self.last_output.clone();
         let fut = run::run(spec, last);
         tokio::pin!(fut);
+        let mut unreachable = self.unreachable_rx.clone();
         let mut tick = tokio::time::interval(self.hb_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 r = &mut fut => return Some(r),
                 _ = tick.tick() => self.beat(),
+                Ok(_) = unreachable.wait_for(|gone| *gone) => {
+                    eprintln!("zerg-worker-agent: zergd cannot be reached; stopping the task");
+                    return None;
+                }
                 changed = self.abort_rx.changed() => {
                     if changed.is_ok() {
                         let revoked = self.abort_rx.borrow().clone();

@@ -191,12 +191,16 @@ impl Supervisor {
                     // Resume in place: the same graph snapshot, completed work kept.
                     let ensure = {
                         let r = &self.rushes[&id];
-                        jobs::ensure_worktrees(
-                            &r.paths,
-                            &r.doc.feature,
-                            r.doc.rush.workers,
-                            &r.doc.rush.staging_head,
-                        )
+                        let mode = if mode_given { mode } else { r.doc.rush.mode };
+                        jobs::check_root(&r.config, mode).and_then(|()| {
+                            jobs::ensure_worktrees(
+                                &r.paths,
+                                &r.doc.feature,
+                                r.doc.rush.workers,
+                                &r.doc.rush.staging_head,
+                                &r.doc.rush.base_commit,
+                            )
+                        })
                     };
                     if let Err(e) = ensure {
                         let _ = reply.send(Err(e));

@@ -48,6 +48,7 @@ impl Supervisor {
             return;
         };
         let mode = r.doc.rush.mode;
+        let base = r.doc.rush.base_commit.clone();
         if !fx.escalations.is_empty() {
             let dir = r.paths.state_dir.clone();
             let list = fx.escalations.clone();
@@ -60,6 +61,7 @@ impl Supervisor {
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
+            let base = base.clone();
             tokio::spawn(async move {
                 let launcher = match launchers.get(mode).await {
                     Ok(l) => l,
@@ -78,7 +80,8 @@ impl Supervisor {
                 let branch = spec.branch.clone();
                 let ensure = tokio::task::spawn_blocking(move || {
                     let start = crate::git::rev(&repo, "HEAD").unwrap_or_default();
-                    crate::git::ensure_worktree(&repo, &wt, &branch, &start)
+                    let trusted = crate::git::Trusted::new(&repo, &base);
+                    crate::git::ensure_worktree(&repo, &wt, &branch, &start, &trusted)
                 })
                 .await;
                 if let Ok(Err(e)) = ensure {

@@ -99,7 +99,15 @@ pub fn prepare_fresh(
     }
     let (config, config_warnings) =
         Config::load(repo).map_err(|e| SupervisorError::invalid_argument(e.to_string()))?;
+    check_root(&config, mode)?;
     let mut warnings: Vec<String> = config_warnings;
+    if !git::has_identity(repo) {
+        let who = &config.git.identity;
+        warnings.push(format!(
+            "git has no identity for this repository (no user.name / user.email); the staging merges are committed as {} <{}> (git.identity). Set your own with `git config user.name ...` and `git config user.email ...`",
+            who.name, who.email
+        ));
+    }
     warnings.extend(
         validated
             .warnings
@@ -160,14 +168,22 @@ pub fn prepare_fresh(
     }
     exclude_zerg_dirs(repo);
 
-    git::ensure_worktree(repo, &paths.staging_worktree(), &staging, &base_commit)
-        .map_err(internal("creating the staging worktree"))?;
+    let trusted = git::Trusted::new(repo, &base_commit);
+    git::ensure_worktree(
+        repo,
+        &paths.staging_worktree(),
+        &staging,
+        &base_commit,
+        &trusted,
+    )
+    .map_err(internal("creating the staging worktree"))?;
     for w in 0..workers {
         git::ensure_worktree(
             repo,
             &paths.worker_worktree(w),
             &worker_branch(feature, w),
             &base_commit,
+            &trusted,
         )
         .map_err(internal("creating a worker worktree"))?;
     }
@@ -194,6 +210,45 @@ pub fn prepare_fresh(
             spec_context,
         },
         warnings,
+    ))
+}
+
+/// The variable that tells Claude Code it runs in a sandbox, where it accepts
+/// `--dangerously-skip-permissions` as root.
+pub const SANDBOX_VAR: &str = "IS_SANDBOX";
+
+/// The flag that Claude Code refuses as root unless [`SANDBOX_VAR`] is `1`.
+pub const SKIP_PERMISSIONS: &str = "--dangerously-skip-permissions";
+
+/// Refuses a subprocess rush that zergd, running as root, would start with an agent command
+/// that Claude Code refuses as root: every task would fail. zergd never sets [`SANDBOX_VAR`]
+/// itself.
+pub fn check_root(config: &Config, mode: Mode) -> Result<(), SupervisorError> {
+    let sandbox = std::env::var(SANDBOX_VAR).is_ok_and(|v| v == "1")
+        && zerg_proto::contract::env_inherited(SANDBOX_VAR, &config.agent.env_passthrough);
+    match root_refusal(
+        &config.agent.command,
+        mode,
+        nix::unistd::geteuid().is_root(),
+        sandbox,
+    ) {
+        Some(why) => Err(SupervisorError::failed_precondition(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why a rush is refused as root, if it is: see [`check_root`]. `sandbox` is whether the agent
+/// would see `IS_SANDBOX=1`.
+fn root_refusal(command: &[String], mode: Mode, root: bool, sandbox: bool) -> Option<String> {
+    if mode != Mode::Subprocess
+        || !root
+        || sandbox
+        || !command.iter().any(|a| a == SKIP_PERMISSIONS)
+    {
+        return None;
+    }
+    Some(format!(
+        "zergd runs as root and agent.command holds {SKIP_PERMISSIONS}, which Claude Code refuses as root: every task would fail. Choose one:\n  - run zergd as a normal user;\n  - rush with `--mode container`, where the workers are not root;\n  - on a machine that is itself a sandbox (a CI runner, a throwaway VM or container), start zergd with {SANDBOX_VAR}=1 in its environment: the workers and the agent inherit it."
     ))
 }
 
@@ -283,19 +338,23 @@ pub fn load_snapshot(
     Ok((g.graph, config, paths, ctx))
 }
 
-/// Makes sure every worktree of a resumed rush exists.
+/// Makes sure every worktree of a resumed rush exists; the checkouts read git attributes from
+/// the rush's base commit `base`.
 pub fn ensure_worktrees(
     paths: &RushPaths,
     feature: &str,
     workers: u32,
     staging_head: &str,
+    base: &str,
 ) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
+    let trusted = git::Trusted::new(repo, base);
     git::ensure_worktree(
         repo,
         &paths.staging_worktree(),
         &staging_branch(feature),
         staging_head,
+        &trusted,
     )
     .map_err(internal("creating the staging worktree"))?;
     for w in 0..workers {
@@ -304,6 +363,7 @@ pub fn ensure_worktrees(
             &paths.worker_worktree(w),
             &worker_branch(feature, w),
             staging_head,
+            &trusted,
         )
         .map_err(internal("creating a worker worktree"))?;
     }
@@ -390,6 +450,10 @@ fn exclude_zerg_dirs(repo: &Path) {
 /// merged commit was checked to leave it as the base had it.
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
+    let trusted = git::Trusted::new(staging, &job.base);
+    // Checked at every merge: the user may have set an identity since the rush started.
+    let identity = (!git::has_identity(staging))
+        .then_some((job.identity.name.as_str(), job.identity.email.as_str()));
     for (w, _, head) in &job.heads {
         // A container worker's objects were imported (and verified) when its commit was
         // accepted: every head merged here is an accepted commit.
@@ -398,7 +462,7 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             worker_branch(feature, *w),
             job.level
         );
-        match git::merge_into(staging, head, &msg) {
+        match git::merge_into(staging, head, &msg, &trusted, identity) {
             Ok(MergeOutcome::Merged(_)) => {}
             Ok(MergeOutcome::Conflict(files)) => {
                 return MergeResult::Conflict { worker: *w, files };
@@ -694,5 +758,26 @@ mod tests {
             out.starts_with("timed out after") && out.contains("started"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn root_refuses_only_a_subprocess_rush_whose_command_holds_the_flag() {
+        let cmd = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let claude = cmd(&["claude", "--print", SKIP_PERMISSIONS]);
+        let why = root_refusal(&claude, Mode::Subprocess, true, false).expect("refused");
+        for choice in ["normal user", "--mode container", "IS_SANDBOX=1"] {
+            assert!(why.contains(choice), "{choice}: {why}");
+        }
+        // Not root, in a container, or on a machine that says it is a sandbox.
+        assert_eq!(root_refusal(&claude, Mode::Subprocess, false, false), None);
+        assert_eq!(root_refusal(&claude, Mode::Container, true, false), None);
+        assert_eq!(root_refusal(&claude, Mode::Subprocess, true, true), None);
+        // Only the flag itself as an argument counts, not a mention of it inside one.
+        for other in [
+            cmd(&["claude", "--print"]),
+            cmd(&["sh", "-c", "echo --dangerously-skip-permissions"]),
+        ] {
+            assert_eq!(root_refusal(&other, Mode::Subprocess, true, false), None);
+        }
     }
 }

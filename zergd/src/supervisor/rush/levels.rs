@@ -58,6 +58,8 @@ impl Rush {
             level,
             heads,
             staging: self.paths.staging_worktree(),
+            base: self.doc.rush.base_commit.clone(),
+            identity: self.config.git.identity.clone(),
             log_dir: self.paths.log_dir.clone(),
             symbols: self.config.symbols.enabled.then(|| {
                 (

@@ -107,6 +107,10 @@ pub struct MergeJob {
     pub heads: Vec<(u32, PathBuf, String)>,
     /// Staging worktree.
     pub staging: PathBuf,
+    /// The rush's base commit: the staging merge reads git attributes from it.
+    pub base: String,
+    /// Who the merge commits are by when git has no identity (`git.identity`).
+    pub identity: crate::config::GitIdentity,
     /// Where each quality gate's full output goes (`.zerg/logs`).
     pub log_dir: PathBuf,
     /// The symbol map to move onto the merged head, and its settings (`None` when
