@@ -309,12 +309,12 @@ fn hostile_worker_symlink_in_its_private_git_dir_is_not_followed_at_respawn() {
         .to_string();
     docker(&["kill", &id]);
     let st = d.wait_end(&repo.path, "trap", T);
-    assert_eq!(st["state"], "complete", "{st}");
     assert_eq!(
         snapshot(&host_dir),
         before,
         "zergd wrote through the symlink a container left"
     );
+    assert_eq!(st["state"], "complete", "{st}");
     let area = common.join("zerg").join("trap");
     let deadline = Instant::now() + Duration::from_secs(30);
     while area.exists() {
@@ -385,7 +385,11 @@ fn hostile_worker_cannot_import_another_repositorys_objects() {
             "120",
         ],
     );
-    let st = d.wait_end(&repo.path, "steal", T);
+    // Every completion of the attacker's imports its objects while the swapping goes on.
+    let st = d.wait_for(&repo.path, "steal", T, "completions by the attacker", |s| {
+        s["workers"]["0"]["tasks_completed"].as_u64() >= Some(3)
+            || matches!(s["state"].as_str(), Some("complete" | "failed"))
+    });
     let leaked: Vec<&String> = ids
         .iter()
         .filter(|id| {
@@ -404,7 +408,12 @@ fn hostile_worker_cannot_import_another_repositorys_objects() {
         leaked.len(),
         st["state"]
     );
+    assert!(
+        st["workers"]["0"]["tasks_completed"].as_u64() >= Some(1),
+        "the attacker completed nothing, so nothing was imported during the attack: {st}"
+    );
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    let _ = d.ctl_in(&repo.path, &["stop", "steal", "--force"]);
     wait_no_containers(&rush_id);
 }
 
@@ -511,12 +520,13 @@ fn hostile_worker_zlib_bomb_costs_zergd_no_memory() {
     );
 }
 
-/// Finding 6: a container floods its own output with bare newlines, then writes bytes that
-/// are not UTF-8 and a marker line. `zergctl logs --follow` goes on past them and shows the
-/// marker, `zergctl logs` shows it too, and reading a log of millions of lines costs zergd no
-/// memory. (The engine turns every line into a record of its own and passes on some ten
-/// thousand a second, so most of the 7 MB of newlines are put in the mirrored log directly, as
-/// a flood running for minutes would have left them.)
+/// Finding 6: a container floods its own output with bare newlines and bytes that are not
+/// UTF-8, then a marker line. `zergctl logs --follow` goes on past them and shows the marker,
+/// `zergctl logs` shows it too, and reading a log of millions of lines costs zergd no memory.
+/// The engine turns every line into a record of its own, passes on some ten thousand a second
+/// and replaces bytes that are not UTF-8, so the test also puts what a subprocess worker's
+/// output (or a flood running for minutes) leaves into the mirrored log directly: 7 MB of
+/// newlines, raw bad bytes, and a second marker.
 #[test]
 fn hostile_worker_log_flood_and_bad_bytes_do_not_break_logs() {
     if !docker_ready() {
@@ -550,22 +560,18 @@ fn hostile_worker_log_flood_and_bad_bytes_do_not_break_logs() {
     let (tx, rx) = std::sync::mpsc::channel();
     let out = follow.stdout.take().unwrap();
     std::thread::spawn(move || {
+        let (mut raw, mut engine) = (false, false);
         for line in BufReader::new(out).split(b'\n').map_while(Result::ok) {
-            if String::from_utf8_lossy(&line).contains("zerg-attack: after the bad bytes") {
+            let l = String::from_utf8_lossy(&line);
+            raw |= l.contains("zerg-attack: after the raw bad bytes");
+            engine |= l.contains("zerg-attack: after the bad bytes");
+            if raw && engine {
                 let _ = tx.send(());
                 return;
             }
         }
     });
     let log_path = repo.path.join(".zerg/logs/worker-0.log");
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&log_path)
-            .unwrap();
-        f.write_all(&vec![b'\n'; 7_000_000]).unwrap();
-    }
     exec(
         &id,
         &[
@@ -577,6 +583,28 @@ fn hostile_worker_log_flood_and_bad_bytes_do_not_break_logs() {
             "100000",
         ],
     );
+    // Once the engine's copy is through, what a subprocess worker's output could hold.
+    let mirrored = Instant::now() + T;
+    while !std::fs::read(&log_path)
+        .unwrap_or_default()
+        .ends_with(b"zerg-attack: after the bad bytes\n")
+    {
+        assert!(
+            Instant::now() < mirrored,
+            "the container's output never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        f.write_all(&vec![b'\n'; 7_000_000]).unwrap();
+        f.write_all(b"\xff\xfe raw\nzerg-attack: after the raw bad bytes\n")
+            .unwrap();
+    }
     let seen = rx.recv_timeout(T).is_ok();
     let _ = follow.kill();
     let _ = follow.wait();
@@ -595,11 +623,11 @@ fn hostile_worker_log_flood_and_bad_bytes_do_not_break_logs() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("zerg-attack: after the bad bytes"),
+        text.contains("zerg-attack: after the raw bad bytes"),
         "logs lost the lines after the bad bytes"
     );
     assert!(
-        text.contains("[W0] \u{fffd}\u{fffd}"),
+        text.contains("[W0] \u{fffd}\u{fffd} raw"),
         "the bad bytes are not shown"
     );
     let after = peak_rss_kib(d.pid());
