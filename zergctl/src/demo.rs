@@ -164,8 +164,19 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
     let mut c =
         client.ok_or_else(|| CliError::new(code::INTERNAL, "zergd did not start listening"))?;
     let repo_s = repo.to_string_lossy().to_string();
-    let result =
-        crate::cmd::rush::rush(&mut c, &repo_s, "demo", workers, "subprocess", false, false).await;
+    let result = crate::cmd::rush::rush(
+        &mut c,
+        crate::cmd::rush::Start {
+            repo: &repo_s,
+            feature: "demo",
+            workers,
+            mode: "subprocess",
+            max_usd: None,
+        },
+        false,
+        false,
+    )
+    .await;
     if let Ok(code::OK) = result {
         let log = sh(&repo, &["log", "--oneline", "zerg/demo/staging"])?;
         println!("\nzerg/demo/staging:\n{log}");

@@ -44,6 +44,20 @@ pub struct Config {
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
     pub symbols: zerg_proto::symbols::Settings,
+    /// What the agent may spend.
+    pub budget: BudgetConfig,
+}
+
+/// `budget:` section. Costs are the ones the agent CLI reports (Claude Code's
+/// `total_cost_usd`).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct BudgetConfig {
+    /// Once a rush's cost reaches this (USD), no new task starts and the rush pauses with the
+    /// reason `budget`; `zergctl rush --max-usd` sets it for one rush.
+    pub max_usd: Option<f64>,
+    /// Passed to the agent CLI as `--max-budget-usd` (Claude Code's cap on one invocation).
+    pub task_max_usd: Option<f64>,
 }
 
 /// `workers:` section.
@@ -95,6 +109,9 @@ pub struct WorkersConfig {
     /// Interval of the light reconciliation check.
     #[serde(with = "seconds")]
     pub reconcile_interval_seconds: Duration,
+    /// How long after a usage limit's stated reset new work stays held (clocks differ).
+    #[serde(with = "seconds")]
+    pub usage_limit_margin_seconds: Duration,
     /// Accepted for compatibility; the rush's `--workers` decides.
     pub max_concurrent: Option<u32>,
     /// Accepted for compatibility; unused.
@@ -127,6 +144,7 @@ impl Default for WorkersConfig {
             spawn_ready_timeout_seconds: Duration::from_secs_f64(60.0),
             stop_grace_seconds: Duration::from_secs_f64(10.0),
             reconcile_interval_seconds: Duration::from_secs_f64(60.0),
+            usage_limit_margin_seconds: Duration::from_secs_f64(30.0),
             max_concurrent: None,
             timeout_minutes: None,
             launcher_type: None,
@@ -171,6 +189,11 @@ impl Default for AgentConfig {
                 "claude".into(),
                 "--print".into(),
                 "--dangerously-skip-permissions".into(),
+                // Machine-readable events: the result with its cost and tokens, usage limits,
+                // API retries. Claude Code refuses stream-json under --print without --verbose.
+                "--output-format".into(),
+                "stream-json".into(),
+                "--verbose".into(),
             ],
             timeout_seconds: Duration::from_secs_f64(1800.0),
             env_passthrough: Vec::new(),
@@ -448,6 +471,16 @@ impl Config {
             && self.resources.container_cpu_limit > 0.0)
         {
             return Err("resources.container_cpu_limit: must be positive".into());
+        }
+        for (key, v) in [
+            ("budget.max_usd", self.budget.max_usd),
+            ("budget.task_max_usd", self.budget.task_max_usd),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(format!("{key}: must be an amount in USD above 0"));
+            }
         }
         self.symbols.check()?;
         Ok(())

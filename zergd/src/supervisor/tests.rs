@@ -294,6 +294,7 @@ impl H {
             out_of_scope: vec![],
             duration_ms: 1000,
             cost_usd: 0.0,
+            usage: Default::default(),
         }
     }
 
@@ -323,6 +324,8 @@ impl H {
             retry_at_ms: 0,
             checkpoint: None,
             cost_usd: 0.0,
+            usage: Default::default(),
+            limit_type: String::new(),
         }
     }
 
@@ -360,6 +363,7 @@ impl H {
             step: step.parse::<crate::domain::Step>().expect("a known step"),
             progress_pct: 50,
             last_output_ms,
+            detail: String::new(),
         };
         self.r.on_heartbeat(req, self.now, self.wall)
     }
@@ -1329,7 +1333,11 @@ fn a_reported_reset_far_in_the_future_holds_new_work_for_six_hours_at_most() {
     req.retry_at_ms = i64::MAX;
     h.fail_with(req);
     let held = h.r.doc.rush.rate_limited_until_ms - h.wall_ms();
-    assert!(held > 0 && held <= 6 * 3600 * 1000, "held for {held} ms");
+    // Six hours, and the margin after a stated reset.
+    assert!(
+        held > 0 && held <= 6 * 3600 * 1000 + 30_000,
+        "held for {held} ms"
+    );
 }
 
 #[test]
@@ -1340,24 +1348,32 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
         config(|w| {
             w.heartbeat_stale_threshold = Duration::from_secs(10_000);
             w.task_stale_timeout_seconds = Duration::from_secs(10_000);
+            w.usage_limit_margin_seconds = Duration::from_secs(5);
         }),
     );
     h.start();
     let t = h.join(0).expect("task");
     h.join(1).expect("task");
-    let until = h.wall_ms() + 60_000;
+    let reset = h.wall_ms() + 60_000;
+    // Held until the reset plus the margin.
+    let until = reset + 5_000;
     let mut req = h.fail_req(0, &t, "rate_limited");
-    req.retry_at_ms = until;
+    req.retry_at_ms = reset;
+    req.limit_type = "five_hour".into();
     h.fail_with(req);
     let ts = h.task("A-L1-001");
     assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.lease_id, None);
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
+    let st = crate::wire::status::rush_status(&h.r);
+    assert!(!st.rate_limited_until.is_empty());
+    assert_eq!(st.rate_limit_type, "five_hour");
     assert!(
-        !crate::wire::status::rush_status(&h.r)
-            .rate_limited_until
-            .is_empty()
+        h.r.events
+            .iter()
+            .any(|e| e.kind == "rate_limited" && e.message.contains("UTC (five_hour)")),
+        "the event names the limit"
     );
     assert_eq!(h.r.state(), RushState::Running);
 
@@ -1368,6 +1384,12 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     assert!(h.reply(0).is_none(), "no new work while rate-limited");
     assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     h.advance(Duration::from_secs(31));
+    h.tick();
+    assert!(
+        h.reply(0).is_none(),
+        "the reset has passed, the margin has not"
+    );
+    h.advance(Duration::from_secs(5));
     h.tick();
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, 0);
     assert!(h.logged("rate_limit_over"));
