@@ -204,6 +204,7 @@ pub const FAST_WORKERS: &str = "workers:
   stop_grace_seconds: 0.5
   spawn_ready_timeout_seconds: 20
   reconcile_interval_seconds: 1
+  usage_limit_margin_seconds: 0.5
 ";
 
 /// A zergd started for one test, on a private socket and state directory.
@@ -213,6 +214,7 @@ pub struct Daemon {
     /// Control socket.
     pub socket: PathBuf,
     env: Vec<(String, String)>,
+    unset: Vec<String>,
 }
 
 impl Daemon {
@@ -223,6 +225,11 @@ impl Daemon {
 
     /// Starts zergd with extra environment variables.
     pub fn start_with_env(env: Vec<(String, String)>) -> Daemon {
+        Self::start_with(env, vec![])
+    }
+
+    /// Starts zergd with extra environment variables and without the ones named in `unset`.
+    pub fn start_with(env: Vec<(String, String)>, unset: Vec<String>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("zergd-")
             .tempdir()
@@ -233,6 +240,7 @@ impl Daemon {
             dir,
             socket,
             env,
+            unset,
         };
         d.spawn();
         d
@@ -244,7 +252,11 @@ impl Daemon {
             .append(true)
             .open(self.dir.path().join("zergd.log"))
             .expect("log");
-        let child = Command::new(bin("zergd"))
+        let mut cmd = Command::new(bin("zergd"));
+        for k in &self.unset {
+            cmd.env_remove(k);
+        }
+        let child = cmd
             .arg("--socket")
             .arg(&self.socket)
             .arg("--state-dir")
@@ -571,4 +583,97 @@ pub fn graph_12_ids() -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// The real Claude Code CLI: the binary the pinned `claude-agent-sdk` wheel bundles, fetched by
+/// `tests/real-claude/fetch.sh` into `target/real-claude/` (once; later calls reuse it).
+/// Returns the directory holding `claude`. When it cannot be had, the test fails under CI
+/// (`CI=true`) or with `ZERG_REQUIRE_REAL_CLAUDE=1`, and is skipped (`None`, with the reason
+/// printed) otherwise.
+pub fn real_claude() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("real-claude/fetch.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output();
+    let why = match out {
+        Ok(o) if o.status.success() => {
+            let rel = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let bin = root.join(&rel);
+            let version = Command::new(&bin)
+                .arg("--version")
+                .env("IS_SANDBOX", "1")
+                .stdin(Stdio::null())
+                .output();
+            match version {
+                Ok(v) if v.status.success() => {
+                    return bin.parent().map(Path::to_path_buf);
+                }
+                Ok(v) => format!(
+                    "{} --version failed: {}",
+                    bin.display(),
+                    String::from_utf8_lossy(&v.stderr)
+                ),
+                Err(e) => format!("cannot run {}: {e}", bin.display()),
+            }
+        }
+        Ok(o) => format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("cannot run {}: {e}", script.display()),
+    };
+    let required = std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("ZERG_REQUIRE_REAL_CLAUDE").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "the real Claude Code CLI is required here: {why}"
+    );
+    eprintln!("SKIPPED: the real Claude Code CLI is not available: {why}");
+    None
+}
+
+/// A running `messages-api` stand-in; killed when dropped.
+pub struct MessagesApi {
+    child: Child,
+    /// `http://127.0.0.1:PORT`, for `ANTHROPIC_BASE_URL`.
+    pub url: String,
+}
+
+impl MessagesApi {
+    /// Starts the stand-in with these arguments (`--mode 429 --until T`) and waits until it
+    /// listens.
+    pub fn start(args: &[&str]) -> MessagesApi {
+        use std::io::BufRead;
+        let mut child = Command::new(bin_dir().join("messages-api"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("messages-api starts");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("messages-api prints its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("messages-api said {line:?}"))
+            .to_string();
+        MessagesApi {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for MessagesApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -339,7 +339,7 @@ fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() 
     );
     let text = String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "rl"]).stdout).to_string();
     assert!(
-        text.contains("Rate-limited until") || text.contains("COMPLETE"),
+        text.contains("usage limit until") || text.contains("COMPLETE"),
         "{text}"
     );
     // With retry_attempts 0 a counted failure would fail the rush: the rate limit must not count.

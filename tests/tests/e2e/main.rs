@@ -5,4 +5,5 @@ mod chaos;
 mod cli;
 mod container;
 mod core;
+mod realcli;
 mod symbols;
