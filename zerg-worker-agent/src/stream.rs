@@ -513,8 +513,12 @@ fn epoch_to_ms(v: f64) -> i64 {
     ms.min(i64::MAX as f64) as i64
 }
 
+/// Most objects tried in one line that does not parse as a whole.
+const MAX_CANDIDATES: usize = 256;
+
 /// The events in one line: the whole line when it is one event, else every balanced object
-/// starting with a `"type"` key that parses (events spliced into one line), outermost first.
+/// that parses as a known event (events spliced into one line), outermost first, trying at
+/// most [`MAX_CANDIDATES`] objects.
 pub fn events(line: &str) -> Vec<Event> {
     let t = line.trim();
     if !t.contains('{') {
@@ -527,11 +531,16 @@ pub fn events(line: &str) -> Vec<Event> {
     }
     let b = t.as_bytes();
     let mut out = Vec::new();
+    let mut tried = 0;
     let mut i = 0;
-    while i < b.len() {
+    while i < b.len() && tried < MAX_CANDIDATES {
         // Objects nested in an event (its content blocks) are part of it.
         if b[i] == b'{'
-            && starts_with_type_key(&b[i + 1..])
+            && starts_with_key(&b[i + 1..])
+            && {
+                tried += 1;
+                true
+            }
             && let Some(end) = balanced_end(b, i)
             && let Ok(ev) = serde_json::from_str::<Event>(&t[i..=end])
             && ev != Event::Unknown
@@ -545,12 +554,11 @@ pub fn events(line: &str) -> Vec<Event> {
     out
 }
 
-fn starts_with_type_key(rest: &[u8]) -> bool {
-    let mut j = 0;
-    while j < rest.len() && rest[j].is_ascii_whitespace() {
-        j += 1;
-    }
-    rest[j..].starts_with(b"\"type\"")
+/// Whether an object's text goes on with a key (`"`), after any whitespace.
+fn starts_with_key(rest: &[u8]) -> bool {
+    rest.iter()
+        .find(|c| !c.is_ascii_whitespace())
+        .is_some_and(|c| *c == b'"')
 }
 
 /// The index of the `}` closing the object that opens at `start`, skipping strings.

@@ -147,6 +147,10 @@ fn spliced_events_are_each_read_and_junk_is_skipped() {
     let line = format!("{assistant_head}{rl}lo\"}}]}}}}{result}");
     let evs = events(&line);
     assert_eq!(evs.len(), 2, "{evs:?}");
+    // Whatever the order of the keys.
+    let rl_sorted = r#"{"rate_limit_info":{"rateLimitType":"seven_day","resetsAt":1796156532,"status":"rejected"},"type":"rate_limit_event"}"#;
+    let sorted = format!("{assistant_head}{rl_sorted}lo\"}}]}}}}");
+    assert_eq!(read(&sorted, 0).limit.unwrap().kind, "seven_day");
     let r = read(&line, 0);
     assert_eq!(r.limit.unwrap().kind, "five_hour");
     assert!(r.verdict.unwrap().failed);
