@@ -13,7 +13,11 @@
 //! - `ok` (default): as above;
 //! - `429`: HTTP 429 `rate_limit_error`, as an API key's limit;
 //! - `429-oauth`: HTTP 429 with the `anthropic-ratelimit-unified-*` headers (status rejected,
-//!   the reset, representative claim `five_hour`), as a subscription's limit;
+//!   the reset, representative claim `five_hour`), as a subscription's limit. Claude Code
+//!   2.1.327 with `CLAUDE_CODE_OAUTH_TOKEN` needs all three to report a usage limit
+//!   (`rate_limit_event` with `resetsAt` and `rateLimitType`, `You've hit your 5-hour limit ·
+//!   resets …`); with fewer it prints `Server is temporarily limiting requests (not your usage
+//!   limit)` and an event without them;
 //! - `529`: HTTP 529 `overloaded_error`.
 //!
 //! `--until EPOCH_SECONDS` makes the mode hold only until then; `ok` answers after it. That is
@@ -209,15 +213,6 @@ impl Server {
                     (
                         "anthropic-ratelimit-unified-representative-claim",
                         "five_hour".to_string(),
-                    ),
-                    (
-                        "anthropic-ratelimit-unified-5h-status",
-                        "rejected".to_string(),
-                    ),
-                    ("anthropic-ratelimit-unified-5h-reset", reset.to_string()),
-                    (
-                        "anthropic-ratelimit-unified-5h-utilization",
-                        "1.0".to_string(),
                     ),
                 ],
                 &json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limited"}}),

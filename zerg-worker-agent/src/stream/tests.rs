@@ -235,3 +235,21 @@ fn plain_text_lines_are_checked_for_the_text_forms() {
     assert_eq!(r.limit.unwrap().reset_ms, 1_700_000_000_000);
     assert!(r.verdict.is_none());
 }
+
+#[test]
+fn a_server_throttle_under_a_subscription_is_a_limit_without_a_reset() {
+    // Claude Code 2.1.327 on a 429 without the unified reset and claim headers.
+    let text = concat!(
+        r#"{"type":"rate_limit_event","rate_limit_info":{"status":"rejected","isUsingOverage":false}}"#,
+        "\n",
+        r#"{"type":"result","subtype":"success","is_error":true,"api_error_status":429,"result":"API Error: Server is temporarily limiting requests (not your usage limit) · Rate limited","total_cost_usd":0}"#,
+    );
+    let r = read(text, 0);
+    assert_eq!(
+        r.limit,
+        Some(Limit {
+            reset_ms: 0,
+            kind: String::new()
+        })
+    );
+}
