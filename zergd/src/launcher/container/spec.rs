@@ -137,7 +137,8 @@ pub struct HostFacts {
     pub claude_dir: Option<PathBuf>,
     /// `~/.claude.json`, if it exists.
     pub claude_json: Option<PathBuf>,
-    /// Variables passed through from zergd's environment (`ANTHROPIC_API_KEY`, `FAKE_CLAUDE_*`).
+    /// Variables passed through from zergd's environment (`ANTHROPIC_API_KEY`,
+    /// `CLAUDE_CODE_OAUTH_TOKEN`, `FAKE_CLAUDE_*`).
     pub passthrough: Vec<(String, String)>,
     /// Host paths named by `FAKE_CLAUDE_*` variables, mounted at the same path.
     pub test_paths: Vec<PathBuf>,
@@ -173,7 +174,8 @@ impl HostFacts {
         let mut passthrough = Vec::new();
         let mut test_paths = Vec::new();
         for (k, v) in std::env::vars() {
-            if k == "ANTHROPIC_API_KEY" && !v.is_empty() {
+            // The two headless logins the no-login pause names.
+            if (k == "ANTHROPIC_API_KEY" || k == "CLAUDE_CODE_OAUTH_TOKEN") && !v.is_empty() {
                 passthrough.push((k, v));
             } else if k.starts_with("FAKE_CLAUDE_") {
                 if let Some(p) = test_path(&k, &v) {
