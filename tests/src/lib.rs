@@ -677,3 +677,37 @@ impl Drop for MessagesApi {
         let _ = self.child.wait();
     }
 }
+
+/// The files a zerg task prompt's `## Files` section names: `(create, modify)`.
+pub fn owned_files(prompt: &str) -> (Vec<String>, Vec<String>) {
+    let (mut create, mut modify) = (Vec::new(), Vec::new());
+    let mut in_section = false;
+    for line in prompt.lines() {
+        let t = line.trim();
+        if t.starts_with('#') {
+            in_section = t.starts_with("## ") && t.trim_start_matches('#').trim() == "Files";
+            continue;
+        }
+        if !in_section {
+            continue;
+        }
+        let item = t
+            .trim_start_matches(['-', '*'])
+            .trim_start()
+            .trim_start_matches("**");
+        let (target, list) = if let Some(r) = item.strip_prefix("Create:") {
+            (&mut create, r)
+        } else if let Some(r) = item.strip_prefix("Modify:") {
+            (&mut modify, r)
+        } else {
+            continue;
+        };
+        for p in list.trim_start_matches("**").split(',') {
+            let p = p.trim().trim_matches('`');
+            if !p.is_empty() && p != "none" && p != "(none)" {
+                target.push(p.to_string());
+            }
+        }
+    }
+    (create, modify)
+}

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::{Mutex, Notify};
 
-use crate::stream::{Reader, Report};
+use crate::stream::{Profile, Reader, Report};
 
 /// How a child process ended.
 #[derive(Debug, Clone, Default)]
@@ -68,6 +68,8 @@ pub struct Spec<'a> {
     pub result_grace: Duration,
     /// Receives the CLI's own account of what it is doing (`API retry 3/10: overloaded`).
     pub detail: Option<Arc<std::sync::Mutex<String>>>,
+    /// How the output is read.
+    pub profile: Profile,
 }
 
 /// Runs a process to completion (or timeout). `last_output` is set to the time of every output
@@ -103,7 +105,7 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
     let sink = Arc::new(Mutex::new(Sink {
         file: artifact,
         tail: VecDeque::new(),
-        reader: Reader::default(),
+        reader: Reader::new(spec.profile),
         detail: spec.detail.clone(),
     }));
     let done = Arc::new(Notify::new());
@@ -321,6 +323,7 @@ mod tests {
             own_group: true,
             result_grace: RESULT_GRACE,
             detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, last.clone()).await.unwrap();
         assert_eq!(o.code, Some(3));
@@ -341,6 +344,7 @@ mod tests {
             own_group: true,
             result_grace: RESULT_GRACE,
             detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.timed_out);
@@ -364,6 +368,7 @@ mod tests {
             own_group: true,
             result_grace: RESULT_GRACE,
             detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert_eq!(
@@ -403,6 +408,7 @@ mod tests {
             own_group: true,
             result_grace: Duration::from_millis(200),
             detail: None,
+            profile: Profile::Claude,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.lingered);
@@ -421,6 +427,7 @@ mod tests {
             own_group: false,
             result_grace: RESULT_GRACE,
             detail: None,
+            profile: Profile::Plain,
         };
         let e = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);

@@ -278,9 +278,84 @@ pub struct Report {
     pub retrying: Option<String>,
 }
 
+/// Which agent CLI prints the output, and so how it is read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Profile {
+    /// Claude Code's stream-json events, and the text forms of a limit.
+    #[default]
+    Claude,
+    /// `codex exec --json` events (`turn.completed` with its usage, `turn.failed`), and the
+    /// text forms of a limit.
+    Codex,
+    /// Only the text forms of a limit: the exit code decides success.
+    Plain,
+}
+
+impl Profile {
+    /// The profile zergd names (`claude`, `codex`, `plain`); anything else is `claude`.
+    pub fn from_name(name: &str) -> Profile {
+        match name {
+            "codex" => Profile::Codex,
+            "plain" => Profile::Plain,
+            _ => Profile::Claude,
+        }
+    }
+}
+
+/// One `codex exec --json` event. Types this reader does not use are ignored.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type")]
+pub enum CodexEvent {
+    /// A turn ended; its usage.
+    #[serde(rename = "turn.completed")]
+    TurnCompleted {
+        /// Tokens of the turn.
+        #[serde(default)]
+        usage: CodexUsage,
+    },
+    /// A turn failed.
+    #[serde(rename = "turn.failed")]
+    TurnFailed {
+        /// Why.
+        #[serde(default)]
+        error: CodexError,
+    },
+    /// An error outside a turn (the stream itself).
+    #[serde(rename = "error")]
+    Error {
+        /// What went wrong.
+        #[serde(default)]
+        message: String,
+    },
+    /// Any other type.
+    #[serde(other)]
+    Unknown,
+}
+
+/// A Codex turn's tokens.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CodexUsage {
+    /// Input tokens, cached ones included.
+    pub input_tokens: u64,
+    /// Input tokens read from the cache.
+    pub cached_input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+}
+
+/// A failed Codex turn's error.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct CodexError {
+    /// What went wrong.
+    pub message: String,
+}
+
 /// Reads an agent CLI's output line by line.
 #[derive(Debug, Default)]
 pub struct Reader {
+    profile: Profile,
     report: Report,
     seen_ids: HashSet<String>,
     /// Tokens of the assistant messages, each id once, for a run that printed no result.
@@ -300,10 +375,31 @@ pub struct Seen {
 }
 
 impl Reader {
+    /// A reader for one profile's output.
+    pub fn new(profile: Profile) -> Reader {
+        Reader {
+            profile,
+            ..Reader::default()
+        }
+    }
+
     /// Reads one output line (without its newline). `now_ms` is the time a clock-time reset is
     /// counted from.
     pub fn line(&mut self, line: &str, now_ms: i64) -> Seen {
         let mut seen = Seen::default();
+        match self.profile {
+            Profile::Claude => {}
+            Profile::Plain => {
+                if let Some(l) = limit_in_text(line, now_ms) {
+                    self.set_limit(l);
+                }
+                return seen;
+            }
+            Profile::Codex => {
+                self.codex(line, now_ms);
+                return seen;
+            }
+        }
         let events = events(line);
         if events.is_empty() {
             if let Some(l) = limit_in_text(line, now_ms) {
@@ -337,6 +433,53 @@ impl Reader {
                 .collect();
         }
         r
+    }
+
+    fn codex(&mut self, line: &str, now_ms: i64) {
+        let t = line.trim();
+        let ev = if t.starts_with('{') {
+            serde_json::from_str::<CodexEvent>(t).ok()
+        } else {
+            None
+        };
+        let failed_with = match ev {
+            None => {
+                if let Some(l) = limit_in_text(line, now_ms) {
+                    self.set_limit(l);
+                }
+                return;
+            }
+            Some(CodexEvent::TurnCompleted { usage }) => {
+                // Each turn once; Codex counts cached input inside `input_tokens`.
+                self.streamed.add(&Usage {
+                    input_tokens: usage.input_tokens.saturating_sub(usage.cached_input_tokens),
+                    output_tokens: usage.output_tokens,
+                    cache_read_input_tokens: usage.cached_input_tokens,
+                    cache_creation_input_tokens: 0,
+                });
+                if self.report.verdict.is_none() {
+                    self.report.verdict = Some(Verdict {
+                        failed: false,
+                        text: String::new(),
+                    });
+                }
+                return;
+            }
+            Some(CodexEvent::TurnFailed { error }) => error.message,
+            Some(CodexEvent::Error { message }) => message,
+            Some(CodexEvent::Unknown) => return,
+        };
+        if let Some(l) = limit_in_text(&failed_with, now_ms) {
+            self.set_limit(l);
+        }
+        let lower = failed_with.to_ascii_lowercase();
+        if lower.contains("not logged in") || lower.contains("codex login") {
+            self.report.auth_failed = true;
+        }
+        self.report.verdict = Some(Verdict {
+            failed: true,
+            text: failed_with,
+        });
     }
 
     fn set_limit(&mut self, l: Limit) {

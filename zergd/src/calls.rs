@@ -63,6 +63,8 @@ pub struct TierSpec {
 pub struct Registration {
     /// The agent command as an argv list; the prompt goes last.
     pub agent_command: Vec<String>,
+    /// How the worker reads the agent CLI's output.
+    pub agent_profile: crate::config::AgentProfile,
     /// Time limit of one agent run.
     pub agent_timeout: Duration,
     /// How often to heartbeat.

@@ -168,11 +168,66 @@ impl Default for ResilienceConfig {
     }
 }
 
+/// Which agent CLI the workers drive, and so how its output is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentProfile {
+    /// Claude Code: stream-json events (result, cost, tokens, limits, API errors).
+    #[default]
+    Claude,
+    /// OpenAI's Codex CLI: `codex exec --json` events (tokens, failed turns; no cost).
+    Codex,
+    /// Any other CLI: the exit code decides, and usage limits are read from its text.
+    Plain,
+}
+
+impl AgentProfile {
+    /// The name, as in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentProfile::Claude => "claude",
+            AgentProfile::Codex => "codex",
+            AgentProfile::Plain => "plain",
+        }
+    }
+}
+
+/// The default `agent.command`: Claude Code in print mode with its stream-json events.
+pub fn claude_command() -> Vec<String> {
+    [
+        "claude",
+        "--print",
+        "--dangerously-skip-permissions",
+        // Machine-readable events: the result with its cost and tokens, usage limits, API
+        // retries. Claude Code refuses stream-json under --print without --verbose.
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The command of `profile: codex` when `agent.command` is left at its default.
+pub fn codex_command() -> Vec<String> {
+    [
+        "codex",
+        "exec",
+        "--json",
+        "--dangerously-bypass-approvals-and-sandbox",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `agent:` section.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AgentConfig {
-    /// argv of the agent CLI; the prompt is appended as the last argument.
+    /// How the agent CLI's output is read: `claude`, `codex` or `plain`.
+    pub profile: AgentProfile,
+    /// argv of the agent CLI; the prompt is appended as the last argument. Left at its
+    /// default with `profile: codex`, the Codex CLI runs instead ([`codex_command`]).
     pub command: Vec<String>,
     /// Wall-clock limit for one agent run.
     #[serde(with = "seconds")]
@@ -182,19 +237,23 @@ pub struct AgentConfig {
     pub env_passthrough: Vec<String>,
 }
 
+impl AgentConfig {
+    /// The command the workers run: `command`, or Codex's when the profile is `codex` and
+    /// `command` was left at Claude Code's default.
+    pub fn effective_command(&self) -> Vec<String> {
+        if self.profile == AgentProfile::Codex && self.command == claude_command() {
+            codex_command()
+        } else {
+            self.command.clone()
+        }
+    }
+}
+
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
-            command: vec![
-                "claude".into(),
-                "--print".into(),
-                "--dangerously-skip-permissions".into(),
-                // Machine-readable events: the result with its cost and tokens, usage limits,
-                // API retries. Claude Code refuses stream-json under --print without --verbose.
-                "--output-format".into(),
-                "stream-json".into(),
-                "--verbose".into(),
-            ],
+            profile: AgentProfile::Claude,
+            command: claude_command(),
             timeout_seconds: Duration::from_secs_f64(1800.0),
             env_passthrough: Vec::new(),
         }

@@ -734,3 +734,62 @@ fn a_rush_pauses_at_its_budget_and_retry_with_a_higher_one_finishes_it() {
         "{st}"
     );
 }
+
+#[test]
+fn the_codex_profile_reads_codex_events_for_tokens_and_failed_turns() {
+    let repo = TestRepo::new();
+    repo.write_graph("codex", &graph_12("codex"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n{FAST_WORKERS}",
+            bin("fake-codex").display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "codex", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "codex");
+    for (id, t) in st["tasks"].as_object().unwrap() {
+        assert_eq!(t["tokens"]["input_tokens"], 1000, "{id}: {t}");
+        assert_eq!(t["tokens"]["cache_read_tokens"], 200, "{id}: {t}");
+        assert_eq!(t["tokens"]["output_tokens"], 30, "{id}: {t}");
+        assert_eq!(t["cost_usd"], 0.0, "Codex reports no cost");
+    }
+}
+
+#[test]
+fn a_failed_codex_turn_with_a_usage_limit_holds_the_rush() {
+    let repo = TestRepo::new();
+    repo.write_graph("cdxl", &graph_12("cdxl"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n  env_passthrough: [FAKE_CODEX_FAIL]\n{FAST_WORKERS}  retry_attempts: 0\n",
+            bin("fake-codex").display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start_with_env(vec![(
+        "FAKE_CODEX_FAIL".into(),
+        "You've hit your usage limit. Upgrade or try again later.".into(),
+    )]);
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "cdxl", "--workers", "1", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_for(&repo.path, "cdxl", T, "a usage-limit hold", |s| {
+        s["rate_limited_until"]
+            .as_str()
+            .is_some_and(|x| !x.is_empty())
+    });
+    assert_eq!(st["state"], "running", "{st}");
+    assert!(tasks_with(&st, "failed").is_empty(), "not counted: {st}");
+}

@@ -18,7 +18,7 @@ use zerg_proto::v1::worker_client::WorkerClient;
 use crate::exit;
 use crate::prompt::{self, CHECKPOINT_FILE, ESCALATION_FILE};
 use crate::run::{self, Outcome, Spec, now_ms};
-use crate::stream::{ModelSpend, Report, Tokens};
+use crate::stream::{ModelSpend, Profile, Report, Tokens};
 use zerg_proto::contract::{Revocation, env};
 
 /// Repeats an RPC across reconnects.

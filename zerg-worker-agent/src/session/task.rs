@@ -159,6 +159,7 @@ impl Session {
             own_group: false,
             result_grace: run::RESULT_GRACE,
             detail: Some(self.detail.clone()),
+            profile: Profile::from_name(&self.cfg.agent_profile),
         };
         let outcome = match self.supervise(spec).await {
             None => return self.abandon(&task).await,
@@ -326,6 +327,7 @@ impl Session {
                 // Verification commands print no stream-json; a stray match must not cut them short.
                 result_grace: Duration::from_secs(timeout.max(1)),
                 detail: None,
+                profile: Profile::Plain,
             };
             let o = match self.supervise(spec).await {
                 None => return self.abandon(&task).await,

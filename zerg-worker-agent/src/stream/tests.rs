@@ -253,3 +253,50 @@ fn a_server_throttle_under_a_subscription_is_a_limit_without_a_reset() {
         })
     );
 }
+
+#[test]
+fn codex_events_give_tokens_and_failed_turns() {
+    let mut r = Reader::new(Profile::Codex);
+    for l in [
+        r#"{"type":"thread.started","thread_id":"t1"}"#,
+        r#"{"type":"turn.started"}"#,
+        r#"{"type":"item.completed","item":{"id":"i0","type":"agent_message","text":"done"}}"#,
+        r#"{"type":"turn.completed","usage":{"input_tokens":1200,"cached_input_tokens":200,"output_tokens":30}}"#,
+        r#"{"type":"turn.completed","usage":{"input_tokens":100,"cached_input_tokens":0,"output_tokens":5}}"#,
+    ] {
+        r.line(l, 0);
+    }
+    let rep = r.report();
+    assert!(!rep.verdict.unwrap().failed);
+    assert_eq!(
+        rep.tokens,
+        Tokens {
+            input: 1100,
+            output: 35,
+            cache_read: 200,
+            cache_creation: 0
+        }
+    );
+    assert_eq!(rep.cost_usd, None, "Codex reports no cost");
+    let mut r = Reader::new(Profile::Codex);
+    r.line(
+        r#"{"type":"turn.failed","error":{"message":"You've hit your usage limit. Try again later."}}"#,
+        0,
+    );
+    let rep = r.report();
+    assert!(rep.verdict.unwrap().failed);
+    assert!(rep.limit.is_some());
+}
+
+#[test]
+fn the_plain_profile_reads_only_text() {
+    let mut r = Reader::new(Profile::Plain);
+    r.line(
+        r#"{"type":"result","is_error":true,"total_cost_usd":1.0,"result":"x"}"#,
+        0,
+    );
+    r.line("Claude AI usage limit reached|1700000000", 0);
+    let rep = r.report();
+    assert!(rep.verdict.is_none() && rep.cost_usd.is_none());
+    assert_eq!(rep.limit.unwrap().reset_ms, 1_700_000_000_000);
+}

@@ -257,6 +257,7 @@ impl From<Registration> for v1::RegisterReply {
     fn from(r: Registration) -> Self {
         v1::RegisterReply {
             agent_command: r.agent_command,
+            agent_profile: r.agent_profile.as_str().to_string(),
             agent_timeout_seconds: secs(r.agent_timeout),
             heartbeat_interval_ms: u64::try_from(r.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),

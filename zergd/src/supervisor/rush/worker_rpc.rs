@@ -147,12 +147,15 @@ impl Rush {
             blocking,
             timeout: vt.timeout_seconds,
         };
-        let mut agent_command = self.config.agent.command.clone();
-        if let Some(cap) = self.config.budget.task_max_usd {
+        let mut agent_command = self.config.agent.effective_command();
+        if let Some(cap) = self.config.budget.task_max_usd
+            && self.config.agent.profile == crate::config::AgentProfile::Claude
+        {
             agent_command.extend(["--max-budget-usd".to_string(), cap.to_string()]);
         }
         Registration {
             agent_command,
+            agent_profile: self.config.agent.profile,
             agent_timeout: self.config.agent.timeout_seconds,
             heartbeat_interval: self.config.workers.heartbeat_interval_seconds,
             tiers: vec![
