@@ -207,6 +207,17 @@ fn a_subscription_usage_limit_holds_the_rush_until_its_reset() {
         log.contains("Usage limit reset; resuming new work"),
         "{log}"
     );
+    // The hold is the whole rush's: no worker claimed a task while it lasted.
+    let mut held = false;
+    for line in log.lines() {
+        if line.contains("hit the agent's usage limit") {
+            held = true;
+        } else if line.contains("Usage limit reset") {
+            held = false;
+        } else if line.contains(" claimed task ") {
+            assert!(!held, "a task was claimed during the hold: {line}\n{log}");
+        }
+    }
 }
 
 #[test]
@@ -253,6 +264,11 @@ fn without_a_login_the_rush_pauses_once_naming_the_fix() {
     for fix in ["claude /login", "ANTHROPIC_API_KEY", "claude setup-token"] {
         assert!(reason.contains(fix), "{reason}");
     }
+    assert!(reason.contains("Not logged in"), "{reason}");
+    assert!(
+        !reason.contains("{\""),
+        "no raw stream-json in the reason: {reason}"
+    );
     let log = monitor(&repo);
     for (id, t) in st["tasks"].as_object().unwrap() {
         assert_ne!(t["status"], "failed", "{id}");

@@ -215,7 +215,7 @@ impl Session {
         if failed && report.auth_failed {
             let msg = format!(
                 "the agent CLI is not logged in ({}): run `claude /login` as the user zergd runs as, or give zergd ANTHROPIC_API_KEY, or a CLAUDE_CODE_OAUTH_TOKEN made with `claude setup-token`",
-                last_line(&outcome.tail)
+                said(&outcome)
             );
             return self
                 .fail(&task, v1::FailKind::AuthFailed, msg, 0, String::new())
@@ -226,7 +226,7 @@ impl Session {
                 .fail(
                     &task,
                     v1::FailKind::RateLimited,
-                    format!("agent reported a usage limit: {}", last_line(&outcome.tail)),
+                    format!("agent reported a usage limit: {}", said(&outcome)),
                     limit.reset_ms,
                     String::new(),
                 )
@@ -237,14 +237,7 @@ impl Session {
                 .fail(
                     &task,
                     v1::FailKind::ApiUnreachable,
-                    format!(
-                        "the agent CLI could not reach its API: {}",
-                        report
-                            .verdict
-                            .as_ref()
-                            .map(|v| v.text.clone())
-                            .unwrap_or_else(|| last_line(&outcome.tail))
-                    ),
+                    format!("the agent CLI could not reach its API: {}", said(&outcome)),
                     0,
                     String::new(),
                 )
@@ -291,7 +284,7 @@ impl Session {
                 .fail(
                     &task,
                     v1::FailKind::AgentFailed,
-                    format!("agent exited {code}: {}", last_line(&outcome.tail)),
+                    format!("agent exited {code}: {}", said(&outcome)),
                     0,
                     String::new(),
                 )
@@ -506,6 +499,20 @@ pub(super) async fn remove_stale_locks(git_dir: &Path) {
         if tokio::fs::remove_file(&p).await.is_ok() {
             eprintln!("zerg-worker-agent: removed stale {}", p.display());
         }
+    }
+}
+
+/// What the agent CLI said of its run, for a failure message: its final result's text when it
+/// printed one (a stream-json line is no message for people), else its last output lines.
+fn said(outcome: &Outcome) -> String {
+    match outcome
+        .report
+        .verdict
+        .as_ref()
+        .filter(|v| !v.text.trim().is_empty())
+    {
+        Some(v) => v.text.chars().take(500).collect(),
+        None => last_line(&outcome.tail),
     }
 }
 
