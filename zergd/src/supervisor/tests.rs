@@ -1618,6 +1618,10 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     h.advance(Duration::from_secs(5));
     h.tick();
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, 0);
+    assert_eq!(
+        h.r.doc.rush.rate_limit_type, "",
+        "the type goes with the hold"
+    );
     assert!(h.logged("rate_limit_over"));
     let t2 = h.leased(0);
     assert_eq!(t2.id, "A-L1-001");
