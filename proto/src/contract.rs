@@ -293,8 +293,10 @@ pub mod limits {
     pub const MAX_PATH: usize = 4096;
     /// Most tier results in one report.
     pub const MAX_TIERS: usize = 16;
-    /// Longest short name: tier names, escalation categories.
+    /// Longest short name: tier names, escalation categories, model names, limit types.
     pub const MAX_NAME: usize = 128;
+    /// Most models in one usage report.
+    pub const MAX_MODELS: usize = 64;
 
     /// `s` cut to at most `max` bytes, at a character boundary.
     pub fn clip(s: &str, max: usize) -> &str {

@@ -204,6 +204,7 @@ pub const FAST_WORKERS: &str = "workers:
   stop_grace_seconds: 0.5
   spawn_ready_timeout_seconds: 20
   reconcile_interval_seconds: 1
+  usage_limit_margin_seconds: 0.5
 ";
 
 /// A zergd started for one test, on a private socket and state directory.
@@ -213,6 +214,7 @@ pub struct Daemon {
     /// Control socket.
     pub socket: PathBuf,
     env: Vec<(String, String)>,
+    unset: Vec<String>,
 }
 
 impl Daemon {
@@ -226,6 +228,11 @@ impl Daemon {
     /// `IS_SANDBOX=1` (which lets the agent command hold `--dangerously-skip-permissions` when
     /// the tests run as root) unless `env` names it.
     pub fn start_with_env(env: Vec<(String, String)>) -> Daemon {
+        Self::start_with(env, vec![])
+    }
+
+    /// Starts zergd with extra environment variables and without the ones named in `unset`.
+    pub fn start_with(env: Vec<(String, String)>, unset: Vec<String>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("zergd-")
             .tempdir()
@@ -236,6 +243,7 @@ impl Daemon {
             dir,
             socket,
             env,
+            unset,
         };
         d.spawn();
         d
@@ -257,6 +265,9 @@ impl Daemon {
             } else {
                 cmd.env(k, v);
             }
+        }
+        for k in &self.unset {
+            cmd.env_remove(k);
         }
         let child = cmd
             .arg("--socket")
@@ -584,4 +595,131 @@ pub fn graph_12_ids() -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// The real Claude Code CLI: the binary the pinned `claude-agent-sdk` wheel bundles, fetched by
+/// `tests/real-claude/fetch.sh` into `target/real-claude/` (once; later calls reuse it).
+/// Returns the directory holding `claude`. When it cannot be had, the test fails under CI
+/// (`CI=true`) or with `ZERG_REQUIRE_REAL_CLAUDE=1`, and is skipped (`None`, with the reason
+/// printed) otherwise.
+pub fn real_claude() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("real-claude/fetch.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output();
+    let why = match out {
+        Ok(o) if o.status.success() => {
+            let rel = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let bin = root.join(&rel);
+            let version = Command::new(&bin)
+                .arg("--version")
+                .env("IS_SANDBOX", "1")
+                .stdin(Stdio::null())
+                .output();
+            match version {
+                Ok(v) if v.status.success() => {
+                    return bin.parent().map(Path::to_path_buf);
+                }
+                Ok(v) => format!(
+                    "{} --version failed: {}",
+                    bin.display(),
+                    String::from_utf8_lossy(&v.stderr)
+                ),
+                Err(e) => format!("cannot run {}: {e}", bin.display()),
+            }
+        }
+        Ok(o) => format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("cannot run {}: {e}", script.display()),
+    };
+    let required = std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("ZERG_REQUIRE_REAL_CLAUDE").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "the real Claude Code CLI is required here: {why}"
+    );
+    eprintln!("SKIPPED: the real Claude Code CLI is not available: {why}");
+    None
+}
+
+/// A running `messages-api` stand-in; killed when dropped.
+pub struct MessagesApi {
+    child: Child,
+    /// `http://127.0.0.1:PORT`, for `ANTHROPIC_BASE_URL`.
+    pub url: String,
+}
+
+impl MessagesApi {
+    /// Starts the stand-in with these arguments (`--mode 429 --until T`) and waits until it
+    /// listens.
+    pub fn start(args: &[&str]) -> MessagesApi {
+        use std::io::BufRead;
+        let mut child = Command::new(bin_dir().join("messages-api"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("messages-api starts");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("messages-api prints its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("messages-api said {line:?}"))
+            .to_string();
+        MessagesApi {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for MessagesApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The files a zerg task prompt's `## Files` section names: `(create, modify)`.
+pub fn owned_files(prompt: &str) -> (Vec<String>, Vec<String>) {
+    let (mut create, mut modify) = (Vec::new(), Vec::new());
+    let mut in_section = false;
+    for line in prompt.lines() {
+        let t = line.trim();
+        if t.starts_with('#') {
+            in_section = t.starts_with("## ") && t.trim_start_matches('#').trim() == "Files";
+            continue;
+        }
+        if !in_section {
+            continue;
+        }
+        let item = t
+            .trim_start_matches(['-', '*'])
+            .trim_start()
+            .trim_start_matches("**");
+        let (target, list) = if let Some(r) = item.strip_prefix("Create:") {
+            (&mut create, r)
+        } else if let Some(r) = item.strip_prefix("Modify:") {
+            (&mut modify, r)
+        } else {
+            continue;
+        };
+        for p in list.trim_start_matches("**").split(',') {
+            let p = p.trim().trim_matches('`');
+            if !p.is_empty() && p != "none" && p != "(none)" {
+                target.push(p.to_string());
+            }
+        }
+    }
+    (create, modify)
 }

@@ -14,6 +14,7 @@
 mod prompt;
 mod run;
 mod session;
+mod stream;
 
 use std::process::ExitCode;
 

@@ -11,6 +11,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::{Mutex, Notify};
 
+use crate::stream::{Profile, Reader, Report};
+
 /// How a child process ended.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
@@ -20,14 +22,12 @@ pub struct Outcome {
     pub timed_out: bool,
     /// The last lines of output (stdout and stderr interleaved).
     pub tail: String,
-    /// A usage/rate limit was reported: `Some(reset time in Unix ms, 0 if unknown)`.
-    pub rate_limit: Option<i64>,
     /// The CLI printed its final stream-json `result` event but did not exit within its grace
     /// period ([`RESULT_GRACE`] for the agent CLI), so it was killed; the code reflects the
-    /// result's `is_error`.
+    /// result's verdict.
     pub lingered: bool,
-    /// `total_cost_usd` of the final stream-json `result` event, if one was printed.
-    pub cost_usd: Option<f64>,
+    /// What the output said: the result, cost and tokens, a usage limit, a missing login.
+    pub report: Report,
 }
 
 /// How long a CLI may linger after printing its final `result` event. Claude Code's
@@ -66,6 +66,10 @@ pub struct Spec<'a> {
     pub own_group: bool,
     /// How long the process may linger after its final `result` event.
     pub result_grace: Duration,
+    /// Receives the CLI's own account of what it is doing (`API retry 3/10: overloaded`).
+    pub detail: Option<Arc<std::sync::Mutex<String>>>,
+    /// How the output is read.
+    pub profile: Profile,
 }
 
 /// Runs a process to completion (or timeout). `last_output` is set to the time of every output
@@ -101,9 +105,8 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
     let sink = Arc::new(Mutex::new(Sink {
         file: artifact,
         tail: VecDeque::new(),
-        rate_limit: None,
-        result: None,
-        cost_usd: None,
+        reader: Reader::new(spec.profile),
+        detail: spec.detail.clone(),
     }));
     let done = Arc::new(Notify::new());
     let out = child
@@ -129,8 +132,14 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
             // Finished its work but did not exit: stop it and go by its result.
             lingered = true;
             kill_child(&mut child, spec.own_group).await;
-            let is_error = sink.lock().await.result.unwrap_or(true);
-            (Some(i32::from(is_error)), false)
+            let failed = sink
+                .lock()
+                .await
+                .reader
+                .report()
+                .verdict
+                .is_none_or(|v| v.failed);
+            (Some(i32::from(failed)), false)
         }
         Err(_) => {
             if spec.own_group
@@ -157,9 +166,8 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
         code,
         timed_out,
         tail: s.tail.iter().cloned().collect::<Vec<_>>().join("\n"),
-        rate_limit: s.rate_limit,
         lingered,
-        cost_usd: s.cost_usd,
+        report: s.reader.report(),
     })
 }
 
@@ -177,34 +185,20 @@ struct Sink {
     /// The artifact file, buffered: a command may print hundreds of thousands of lines.
     file: Option<tokio::io::BufWriter<tokio::fs::File>>,
     tail: VecDeque<String>,
-    rate_limit: Option<i64>,
-    /// `is_error` of the final stream-json `result` event, once seen.
-    result: Option<bool>,
-    /// Its `total_cost_usd`.
-    cost_usd: Option<f64>,
+    reader: Reader,
+    detail: Option<Arc<std::sync::Mutex<String>>>,
 }
 
-/// `Some((is_error, total_cost_usd))` when the line is a stream-json `result` event.
-pub fn result_event(line: &str) -> Option<(bool, Option<f64>)> {
-    if !line.trim_start().starts_with('{') || !line.contains("\"result\"") {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    (v["type"] == "result").then(|| {
-        (
-            v["is_error"].as_bool().unwrap_or(false),
-            v["total_cost_usd"].as_f64(),
-        )
-    })
-}
+/// Longest line read as an event (a stream-json `init` or `result` line is several KiB); the
+/// rest of a longer line still reaches the log file.
+const MAX_LINE: usize = 1 << 20;
 
-/// Longest line kept for the tail and the checks; the rest of a longer line still reaches the
-/// log file.
-const MAX_LINE: usize = 4096;
+/// Longest line kept in the tail.
+const MAX_TAIL_LINE: usize = 4096;
 
 /// Drains one output pipe until it closes: every byte goes to the artifact file as it
 /// arrives, whatever the line length or encoding, while at most [`MAX_LINE`] bytes of each line
-/// are kept for the tail, the rate-limit check and the stream-json result.
+/// are read as events, and at most [`MAX_TAIL_LINE`] of them kept for the tail.
 async fn pump<R: AsyncRead + Unpin>(
     r: R,
     sink: Arc<Mutex<Sink>>,
@@ -247,50 +241,31 @@ async fn pump<R: AsyncRead + Unpin>(
 }
 
 impl Sink {
-    /// One (possibly cut) output line: the checks, then the tail.
+    /// One (possibly cut) output line: the reader, then the tail.
     fn take_line(&mut self, line: &str, done: &Notify) {
-        if let Some(rl) = detect_rate_limit(line) {
-            self.rate_limit = Some(rl);
-        }
-        if let Some((is_error, cost)) = result_event(line) {
-            self.result = Some(is_error);
-            self.cost_usd = cost.or(self.cost_usd);
+        let seen = self.reader.line(line, now_ms());
+        if seen.result {
             done.notify_one();
         }
-        self.tail.push_back(line.to_string());
+        if seen.detail
+            && let Some(d) = &self.detail
+        {
+            let r = self.reader.report();
+            if let Some(text) = r.retrying.or(r.warning)
+                && let Ok(mut d) = d.lock()
+            {
+                *d = text;
+            }
+        }
+        let mut end = line.len().min(MAX_TAIL_LINE);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.tail.push_back(line[..end].to_string());
         if self.tail.len() > 20 {
             self.tail.pop_front();
         }
     }
-}
-
-/// Recognises the agent CLI's usage-limit messages. Claude Code prints
-/// `Claude AI usage limit reached|<epoch seconds>`; other CLIs print "rate limit" or HTTP 429.
-/// Returns the reset time in Unix ms (0 if not stated).
-pub fn detect_rate_limit(line: &str) -> Option<i64> {
-    let lower = line.to_ascii_lowercase();
-    if let Some(i) = lower.find("usage limit reached") {
-        let rest = &line[i..];
-        let epoch = rest
-            .split('|')
-            .nth(1)
-            .map(|s| {
-                s.chars()
-                    .take_while(|c| c.is_ascii_digit())
-                    .collect::<String>()
-            })
-            .and_then(|d| d.parse::<i64>().ok())
-            .map(|s| s * 1000)
-            .unwrap_or(0);
-        return Some(epoch);
-    }
-    if lower.contains("rate_limit_error")
-        || lower.contains("rate limit exceeded")
-        || lower.contains("429 too many requests")
-    {
-        return Some(0);
-    }
-    None
 }
 
 /// Runs git in the worktree and returns trimmed stdout, or stderr as the error.
@@ -334,22 +309,6 @@ pub async fn git_with(
 mod tests {
     use super::*;
 
-    #[test]
-    fn rate_limit_messages() {
-        assert_eq!(
-            detect_rate_limit("Claude AI usage limit reached|1719532800"),
-            Some(1_719_532_800_000)
-        );
-        assert_eq!(
-            detect_rate_limit(
-                r#"{"type":"result","is_error":true,"result":"Claude AI usage limit reached|1700000000"}"#
-            ),
-            Some(1_700_000_000_000)
-        );
-        assert_eq!(detect_rate_limit("Error: rate_limit_error"), Some(0));
-        assert_eq!(detect_rate_limit("all good"), None);
-    }
-
     #[tokio::test]
     async fn captures_output_exit_code_and_timeout() {
         let dir = tempfile::tempdir().unwrap();
@@ -366,6 +325,8 @@ mod tests {
             artifact: Some(dir.path().join("out.txt")),
             own_group: true,
             result_grace: RESULT_GRACE,
+            detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, last.clone()).await.unwrap();
         assert_eq!(o.code, Some(3));
@@ -385,6 +346,8 @@ mod tests {
             artifact: None,
             own_group: true,
             result_grace: RESULT_GRACE,
+            detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.timed_out);
@@ -407,6 +370,8 @@ mod tests {
             artifact: Some(dir.path().join("out.txt")),
             own_group: true,
             result_grace: RESULT_GRACE,
+            detail: None,
+            profile: Profile::Plain,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert_eq!(
@@ -422,31 +387,12 @@ mod tests {
         );
         assert!(o.tail.contains("not utf-8"));
         assert!(
-            o.tail.len() < 3 * MAX_LINE,
+            o.tail.len() < 3 * MAX_TAIL_LINE,
             "tail is bounded: {}",
             o.tail.len()
         );
         let logged = std::fs::metadata(dir.path().join("out.txt")).unwrap().len();
         assert!(logged > 10_000_000, "everything reaches the log: {logged}");
-    }
-
-    #[test]
-    fn result_events() {
-        assert_eq!(
-            result_event(
-                r#"{"type":"result","subtype":"success","is_error":false,"result":"done","total_cost_usd":0.25}"#
-            ),
-            Some((false, Some(0.25)))
-        );
-        assert_eq!(
-            result_event(r#"{"type":"result","is_error":true,"result":"x"}"#),
-            Some((true, None))
-        );
-        assert_eq!(
-            result_event(r#"{"type":"assistant","message":{"content":"result"}}"#),
-            None
-        );
-        assert_eq!(result_event("the result is in"), None);
     }
 
     #[tokio::test]
@@ -464,6 +410,8 @@ mod tests {
             artifact: None,
             own_group: true,
             result_grace: Duration::from_millis(200),
+            detail: None,
+            profile: Profile::Claude,
         };
         let o = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap();
         assert!(o.lingered);
@@ -481,6 +429,8 @@ mod tests {
             artifact: None,
             own_group: false,
             result_grace: RESULT_GRACE,
+            detail: None,
+            profile: Profile::Plain,
         };
         let e = run(spec, Arc::new(AtomicI64::new(0))).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);

@@ -182,8 +182,15 @@ pub async fn run(workers: u32, keep: bool) -> Result<u8, CliError> {
     let mut c =
         client.ok_or_else(|| CliError::new(code::INTERNAL, "zergd did not start listening"))?;
     let repo_s = repo.to_string_lossy().to_string();
+    let start = crate::cmd::rush::Start {
+        repo: &repo_s,
+        feature: "demo",
+        workers,
+        mode: "subprocess",
+        max_usd: None,
+    };
     let result = tokio::select! {
-        r = crate::cmd::rush::rush(&mut c, &repo_s, "demo", workers, "subprocess", false, false) => r,
+        r = crate::cmd::rush::rush(&mut c, start, false, false) => r,
         _ = interrupt.recv() => Ok(code::FAILED),
     };
     let complete = status(&mut c, &repo_s)

@@ -56,6 +56,59 @@ pub struct Status {
     pub report: Vec<String>,
     /// Agent cost of the rush so far (USD).
     pub cost_usd: f64,
+    /// Which usage limit holds new work (`five_hour`, …), empty if none or not named.
+    pub rate_limit_type: String,
+    /// Tokens of the rush so far.
+    pub tokens: Tokens,
+    /// Tokens and cost per model.
+    pub models: BTreeMap<String, ModelUsage>,
+    /// The rush's budget (USD), 0 for none.
+    pub max_usd: f64,
+}
+
+/// Tokens, as the agent CLI reported them.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Tokens {
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_creation_tokens: u64,
+}
+
+impl Tokens {
+    /// Whether every count is 0.
+    pub fn is_zero(&self) -> bool {
+        self.input_tokens == 0
+            && self.output_tokens == 0
+            && self.cache_read_tokens == 0
+            && self.cache_creation_tokens == 0
+    }
+}
+
+impl From<Option<&v1::Tokens>> for Tokens {
+    fn from(t: Option<&v1::Tokens>) -> Self {
+        let t = t.cloned().unwrap_or_default();
+        Tokens {
+            input_tokens: t.input_tokens,
+            output_tokens: t.output_tokens,
+            cache_read_tokens: t.cache_read_tokens,
+            cache_creation_tokens: t.cache_creation_tokens,
+        }
+    }
+}
+
+/// One model's tokens and cost in [`Status`].
+#[derive(Debug, Serialize)]
+pub struct ModelUsage {
+    /// Tokens.
+    #[serde(flatten)]
+    pub tokens: Tokens,
+    /// Cost (USD).
+    pub cost_usd: f64,
 }
 
 /// One task in [`Status`].
@@ -89,6 +142,8 @@ pub struct Task {
     pub started_at: String,
     /// How long the completed attempt took (ms), 0 until complete.
     pub duration_ms: u64,
+    /// Tokens over all attempts.
+    pub tokens: Tokens,
 }
 
 /// One worker slot in [`Status`].
@@ -120,6 +175,8 @@ pub struct Worker {
     pub tasks_completed: u32,
     /// Its branch.
     pub branch: String,
+    /// What the agent CLI is doing within the step (`API retry 3/10: overloaded`).
+    pub detail: String,
 }
 
 /// One level in [`Status`].
@@ -234,6 +291,22 @@ impl From<&v1::RushStatus> for Status {
             base_branch: s.base_branch.clone(),
             report: s.report.clone(),
             cost_usd: s.cost_usd,
+            rate_limit_type: s.rate_limit_type.clone(),
+            tokens: Tokens::from(s.tokens.as_ref()),
+            models: s
+                .models
+                .iter()
+                .map(|(m, u)| {
+                    (
+                        m.clone(),
+                        ModelUsage {
+                            tokens: Tokens::from(u.tokens.as_ref()),
+                            cost_usd: u.cost_usd,
+                        },
+                    )
+                })
+                .collect(),
+            max_usd: s.max_usd,
         }
     }
 }
@@ -255,6 +328,7 @@ impl From<&v1::TaskStatus> for Task {
             cost_usd: t.cost_usd,
             started_at: t.started_at.clone(),
             duration_ms: t.duration_ms,
+            tokens: Tokens::from(t.tokens.as_ref()),
         }
     }
 }
@@ -275,6 +349,7 @@ impl From<&v1::WorkerStatus> for Worker {
             reason: w.reason.clone(),
             tasks_completed: w.tasks_completed,
             branch: w.branch.clone(),
+            detail: w.detail.clone(),
         }
     }
 }

@@ -52,6 +52,14 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// A budget in USD: a finite number above 0.
+fn budget_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not an amount in USD above 0")),
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -75,6 +83,10 @@ pub enum Command {
         /// that need attention.
         #[arg(short, long)]
         verbose: bool,
+        /// Budget in USD: once the agent's reported cost reaches it, no new task starts and
+        /// the rush pauses [default: `budget.max_usd` of the config, or a resumed rush's own].
+        #[arg(long, value_parser = budget_arg)]
+        max_usd: Option<f64>,
     },
     /// Show a rush's status.
     Status {
@@ -122,6 +134,9 @@ pub enum Command {
         /// Repository [default: the current directory].
         #[arg(long)]
         repo: Option<PathBuf>,
+        /// A new budget in USD for the rush (a rush paused at its budget resumes only above it).
+        #[arg(long, value_parser = budget_arg)]
+        max_usd: Option<f64>,
     },
     /// Show worker logs.
     Logs {
@@ -344,19 +359,18 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             repo,
             detach,
             verbose,
+            max_usd,
         } => {
             let repo = repo_arg(repo)?;
             let mut c = connect(&socket).await?;
-            cmd::rush::rush(
-                &mut c,
-                &repo,
-                &feature,
+            let start = cmd::rush::Start {
+                repo: &repo,
+                feature: &feature,
                 workers,
-                mode.as_deref().unwrap_or(""),
-                detach,
-                verbose,
-            )
-            .await
+                mode: mode.as_deref().unwrap_or(""),
+                max_usd,
+            };
+            cmd::rush::rush(&mut c, start, detach, verbose).await
         }
         Command::Status {
             feature,
@@ -376,7 +390,8 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             tasks,
             reset,
             repo,
-        } => cmd::retry::run(&socket, feature, tasks, reset, repo).await,
+            max_usd,
+        } => cmd::retry::run(&socket, feature, tasks, reset, repo, max_usd).await,
         Command::Logs {
             feature,
             worker,

@@ -70,17 +70,18 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
     if !st.reason.is_empty() {
         o.push_str(&format!("Reason: {}\n", st.reason));
     }
-    if st.cost_usd > 0.0 {
+    if let Some(u) = usage_line(st) {
+        o.push_str(&format!("{u}\n"));
+    }
+    for (m, u) in &st.models {
         o.push_str(&format!(
-            "Agent cost: ${:.2} (as reported by the agent CLI)\n",
-            st.cost_usd
+            "  {m}: ${:.4}, {}\n",
+            u.cost_usd,
+            tokens_text(&u.tokens)
         ));
     }
-    if !st.rate_limited_until.is_empty() {
-        o.push_str(&format!(
-            "Rate-limited until {}: new work is paused\n",
-            st.rate_limited_until
-        ));
+    if let Some(h) = hold_text(st) {
+        o.push_str(&format!("Held: {h}: no new work until then\n"));
     }
     o.push_str("\nLevels:\n");
     let mut levels: Vec<(&String, &json::Level)> = st.levels.iter().collect();
@@ -125,6 +126,9 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
         if !w.reason.is_empty() {
             o.push_str(&format!("  ({})", w.reason));
         }
+        if !w.detail.is_empty() {
+            o.push_str(&format!("  [{}]", w.detail));
+        }
         o.push('\n');
     }
     // Every started task of a small rush; of a big one, those not complete.
@@ -157,6 +161,17 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
             if t.cost_usd > 0.0 {
                 o.push_str(&format!(" ${:.2}", t.cost_usd));
             }
+            if !t.tokens.is_zero() {
+                o.push_str(&format!(
+                    " {}/{} tok",
+                    count(
+                        t.tokens.input_tokens
+                            + t.tokens.cache_read_tokens
+                            + t.tokens.cache_creation_tokens
+                    ),
+                    count(t.tokens.output_tokens)
+                ));
+            }
             if !t.error.is_empty() {
                 o.push_str(&format!("  {}", t.error));
             }
@@ -185,6 +200,62 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
     o
 }
 
+/// `12,345`.
+fn count(n: u64) -> String {
+    let s = n.to_string();
+    let mut o = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            o.push(',');
+        }
+        o.push(c);
+    }
+    o
+}
+
+fn tokens_text(t: &json::Tokens) -> String {
+    format!(
+        "tokens {} in, {} out, {} cache read, {} cache write",
+        count(t.input_tokens),
+        count(t.output_tokens),
+        count(t.cache_read_tokens),
+        count(t.cache_creation_tokens)
+    )
+}
+
+/// The rush's cost and tokens, when the agent CLI reported any.
+fn usage_line(st: &Status) -> Option<String> {
+    if st.cost_usd <= 0.0 && st.tokens.is_zero() {
+        return None;
+    }
+    let budget = if st.max_usd > 0.0 {
+        format!(" of a ${:.2} budget", st.max_usd)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "Agent cost: ${:.4}{budget}, {} (as reported by the agent CLI)",
+        st.cost_usd,
+        tokens_text(&st.tokens)
+    ))
+}
+
+/// `usage limit until 20:22 UTC (five_hour)` while a usage limit holds new work.
+fn hold_text(st: &Status) -> Option<String> {
+    if st.rate_limited_until.is_empty() {
+        return None;
+    }
+    let hm = st
+        .rate_limited_until
+        .get(11..16)
+        .unwrap_or(&st.rate_limited_until);
+    Some(if st.rate_limit_type.is_empty() {
+        format!("usage limit until {hm} UTC")
+    } else {
+        format!("usage limit until {hm} UTC ({})", st.rate_limit_type)
+    })
+}
+
 /// The end-of-rush summary.
 pub fn summary(st: &v1::RushStatus) -> String {
     let st = &Status::from(st);
@@ -207,6 +278,9 @@ pub fn summary(st: &v1::RushStatus) -> String {
     };
     for line in &st.report {
         o.push_str(&format!("  {line}\n"));
+    }
+    if let Some(u) = usage_line(st) {
+        o.push_str(&format!("{u}\n"));
     }
     if st.state == "failed" {
         if st.report.is_empty() && !st.reason.is_empty() {
@@ -287,6 +361,9 @@ pub fn worker_lines(st: &v1::RushStatus, now: std::time::SystemTime) -> Vec<Stri
             );
             if !w.reason.is_empty() && w.current_task.is_empty() {
                 line.push_str(&format!(" ({})", w.reason));
+            }
+            if !w.detail.is_empty() {
+                line.push_str(&format!(" [{}]", w.detail));
             }
             line.trim_end().to_string()
         })
@@ -374,9 +451,17 @@ impl Progress {
     pub fn update(&mut self, st: &v1::RushStatus) {
         let Some(s) = &mut self.screen else { return };
         let total = st.tasks.len();
-        let done = done_count(&Status::from(st));
+        let view = Status::from(st);
+        let done = done_count(&view);
+        let mut extra = String::new();
+        if st.cost_usd > 0.0 {
+            extra.push_str(&format!(" · ${:.2}", st.cost_usd));
+        }
+        if let Some(h) = hold_text(&view) {
+            extra.push_str(&format!(" · {h}"));
+        }
         s.header.set_message(format!(
-            "{} [{}] {done}/{total} tasks · level {}/{}",
+            "{} [{}] {done}/{total} tasks · level {}/{}{extra}",
             st.feature,
             v1::RushState::try_from(st.state)
                 .map(|x| x
@@ -385,7 +470,7 @@ impl Progress {
                     .to_string())
                 .unwrap_or_default(),
             st.current_level,
-            st.total_levels
+            st.total_levels,
         ));
         let now = std::time::SystemTime::now();
         let levels = level_lines(st);
@@ -564,6 +649,14 @@ mod tests {
             total_levels: 3,
             mode: v1::LaunchMode::Subprocess as i32,
             cost_usd: 1.75,
+            tokens: Some(v1::Tokens {
+                input_tokens: 120_000,
+                output_tokens: 8_500,
+                cache_read_tokens: 1_250_000,
+                cache_creation_tokens: 40_000,
+            }),
+            rate_limited_until: "2026-12-01T20:22:30.000Z".into(),
+            rate_limit_type: "five_hour".into(),
             started_at: "2026-12-01T09:50:00Z".into(),
             staging_branch: "zerg/demo/staging".into(),
             resilience: Some(v1::Resilience {
@@ -587,6 +680,12 @@ mod tests {
         let mut done = task(v1::TaskState::Complete, 1, Some(0), 1, "");
         done.duration_ms = 95_000;
         done.cost_usd = 0.5;
+        done.tokens = Some(v1::Tokens {
+            input_tokens: 30_000,
+            output_tokens: 2_000,
+            cache_read_tokens: 300_000,
+            cache_creation_tokens: 10_000,
+        });
         st.tasks.insert("D-L1-001".into(), done);
         let mut failed = task(
             v1::TaskState::Failed,
@@ -615,6 +714,7 @@ mod tests {
                 last_heartbeat: "2026-12-01T09:59:57Z".into(),
                 step: v1::Step::VerifyingTier2 as i32,
                 tasks_completed: 1,
+                detail: "API retry 3/10: overloaded".into(),
                 ..Default::default()
             },
         );

@@ -5,9 +5,11 @@
 //! as possibly hostile), and turns the answers back into replies. The supervisor and the rush
 //! state machine see only what is here.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::domain::{FailKind, Mode, Step};
+pub use crate::state::{ModelSpend, Tokens};
 
 /// Who a worker call says it comes from. [`crate::supervisor::rush::Rush::authorize`] checks
 /// it against the socket it arrived on and the token it carried.
@@ -61,6 +63,8 @@ pub struct TierSpec {
 pub struct Registration {
     /// The agent command as an argv list; the prompt goes last.
     pub agent_command: Vec<String>,
+    /// How the worker reads the agent CLI's output.
+    pub agent_profile: crate::config::AgentProfile,
     /// Time limit of one agent run.
     pub agent_timeout: Duration,
     /// How often to heartbeat.
@@ -131,6 +135,8 @@ pub struct Beat {
     pub progress_pct: u32,
     /// Unix milliseconds of the agent CLI's last output; 0 if none yet.
     pub last_output_ms: i64,
+    /// What the agent CLI said it is doing within the step, empty if nothing.
+    pub detail: String,
 }
 
 /// The result of one verification tier, as far as zergd keeps it.
@@ -161,6 +167,17 @@ pub struct Completion {
     pub duration_ms: u64,
     /// What the agent CLI reported it cost (0 when unknown).
     pub cost_usd: f64,
+    /// What it reported in tokens.
+    pub usage: AttemptUsage,
+}
+
+/// The tokens an attempt used, as the agent CLI reported them.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptUsage {
+    /// All models together.
+    pub tokens: Tokens,
+    /// Per model.
+    pub models: BTreeMap<String, ModelSpend>,
 }
 
 /// A task that did not finish.
@@ -182,6 +199,10 @@ pub struct Failure {
     pub checkpoint: Option<String>,
     /// What the agent CLI reported it cost (0 when unknown).
     pub cost_usd: f64,
+    /// What it reported in tokens.
+    pub usage: AttemptUsage,
+    /// For a rate limit: which one (`five_hour`, …), empty if not named.
+    pub limit_type: String,
 }
 
 /// An escalation left by the agent CLI.
@@ -238,6 +259,8 @@ pub struct StartRush {
     pub workers: u32,
     /// The mode asked for; `None` keeps a resumed rush's own, or means subprocess.
     pub mode: Option<Mode>,
+    /// The budget asked for (USD); `None` keeps a resumed rush's own, or the config's.
+    pub max_usd: Option<f64>,
 }
 
 /// What starting a rush did.
@@ -273,4 +296,6 @@ pub struct RetryTasks {
     pub task_ids: Vec<String>,
     /// Also reset attempt counters.
     pub reset: bool,
+    /// A new budget (USD); `None` keeps the current one.
+    pub max_usd: Option<f64>,
 }

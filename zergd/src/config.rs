@@ -46,6 +46,8 @@ pub struct Config {
     pub symbols: zerg_proto::symbols::Settings,
     /// zergd's own commits (the staging merges).
     pub git: GitConfig,
+    /// What the agent may spend.
+    pub budget: BudgetConfig,
 }
 
 /// `git:` section. The original's keys in this section are accepted and ignored.
@@ -75,6 +77,18 @@ impl Default for GitIdentity {
             email: "zerg@localhost".into(),
         }
     }
+}
+
+/// `budget:` section. Costs are the ones the agent CLI reports (Claude Code's
+/// `total_cost_usd`).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct BudgetConfig {
+    /// Once a rush's cost reaches this (USD), no new task starts and the rush pauses with the
+    /// reason `budget`; `zergctl rush --max-usd` sets it for one rush.
+    pub max_usd: Option<f64>,
+    /// Passed to the agent CLI as `--max-budget-usd` (Claude Code's cap on one invocation).
+    pub task_max_usd: Option<f64>,
 }
 
 /// `workers:` section.
@@ -126,6 +140,9 @@ pub struct WorkersConfig {
     /// Interval of the light reconciliation check.
     #[serde(with = "seconds")]
     pub reconcile_interval_seconds: Duration,
+    /// How long after a usage limit's stated reset new work stays held (clocks differ).
+    #[serde(with = "seconds")]
+    pub usage_limit_margin_seconds: Duration,
     /// Accepted for compatibility; the rush's `--workers` decides.
     pub max_concurrent: Option<u32>,
     /// Accepted for compatibility; unused.
@@ -158,6 +175,7 @@ impl Default for WorkersConfig {
             spawn_ready_timeout_seconds: Duration::from_secs_f64(60.0),
             stop_grace_seconds: Duration::from_secs_f64(10.0),
             reconcile_interval_seconds: Duration::from_secs_f64(60.0),
+            usage_limit_margin_seconds: Duration::from_secs_f64(30.0),
             max_concurrent: None,
             timeout_minutes: None,
             launcher_type: None,
@@ -181,11 +199,66 @@ impl Default for ResilienceConfig {
     }
 }
 
+/// Which agent CLI the workers drive, and so how its output is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentProfile {
+    /// Claude Code: stream-json events (result, cost, tokens, limits, API errors).
+    #[default]
+    Claude,
+    /// OpenAI's Codex CLI: `codex exec --json` events (tokens, failed turns; no cost).
+    Codex,
+    /// Any other CLI: the exit code decides, and usage limits are read from its text.
+    Plain,
+}
+
+impl AgentProfile {
+    /// The name, as in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentProfile::Claude => "claude",
+            AgentProfile::Codex => "codex",
+            AgentProfile::Plain => "plain",
+        }
+    }
+}
+
+/// The default `agent.command`: Claude Code in print mode with its stream-json events.
+pub fn claude_command() -> Vec<String> {
+    [
+        "claude",
+        "--print",
+        "--dangerously-skip-permissions",
+        // Machine-readable events: the result with its cost and tokens, usage limits, API
+        // retries. Claude Code refuses stream-json under --print without --verbose.
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The command of `profile: codex` when `agent.command` is left at its default.
+pub fn codex_command() -> Vec<String> {
+    [
+        "codex",
+        "exec",
+        "--json",
+        "--dangerously-bypass-approvals-and-sandbox",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `agent:` section.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AgentConfig {
-    /// argv of the agent CLI; the prompt is appended as the last argument.
+    /// How the agent CLI's output is read: `claude`, `codex` or `plain`.
+    pub profile: AgentProfile,
+    /// argv of the agent CLI; the prompt is appended as the last argument. Left at its
+    /// default with `profile: codex`, the Codex CLI runs instead ([`codex_command`]).
     pub command: Vec<String>,
     /// Wall-clock limit for one agent run.
     #[serde(with = "seconds")]
@@ -195,14 +268,23 @@ pub struct AgentConfig {
     pub env_passthrough: Vec<String>,
 }
 
+impl AgentConfig {
+    /// The command the workers run: `command`, or Codex's when the profile is `codex` and
+    /// `command` was left at Claude Code's default.
+    pub fn effective_command(&self) -> Vec<String> {
+        if self.profile == AgentProfile::Codex && self.command == claude_command() {
+            codex_command()
+        } else {
+            self.command.clone()
+        }
+    }
+}
+
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
-            command: vec![
-                "claude".into(),
-                "--print".into(),
-                "--dangerously-skip-permissions".into(),
-            ],
+            profile: AgentProfile::Claude,
+            command: claude_command(),
             timeout_seconds: Duration::from_secs_f64(1800.0),
             env_passthrough: Vec::new(),
         }
@@ -500,6 +582,16 @@ impl Config {
             && self.resources.container_cpu_limit > 0.0)
         {
             return Err("resources.container_cpu_limit: must be positive".into());
+        }
+        for (key, v) in [
+            ("budget.max_usd", self.budget.max_usd),
+            ("budget.task_max_usd", self.budget.task_max_usd),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(format!("{key}: must be an amount in USD above 0"));
+            }
         }
         self.symbols.check()?;
         for (key, v) in [

@@ -250,6 +250,10 @@ closed_set! {
         Escalated => "escalated",
         /// The agent CLI cannot be run at all.
         AgentMissing => "agent_missing",
+        /// The agent CLI is not logged in.
+        AuthFailed => "auth_failed",
+        /// The agent CLI could not reach its API after its own retries.
+        ApiUnreachable => "api_unreachable",
     }
 }
 

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use zergd::domain::{LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus};
 use zergd::state::{
-    Counters, FORMAT_VERSION, LevelState, LogEntry, RushMeta, StateDoc, StateStore, StoreError,
-    TaskState, WorkerState,
+    Counters, FORMAT_VERSION, LevelState, LogEntry, ModelSpend, RushMeta, StateDoc, StateStore,
+    StoreError, TaskState, Tokens, WorkerState,
 };
 
 const FEATURE: &str = "feat";
@@ -116,12 +116,22 @@ fn task_state() -> impl Strategy<Value = TaskState> {
             any::<u32>(),
         ),
         (opt_text(), opt_text(), opt_text(), texts(), texts(), cost()),
+        (
+            tokens(),
+            prop::collection::btree_map(
+                text(),
+                (tokens(), cost()).prop_map(|(tokens, cost_usd)| ModelSpend { tokens, cost_usd }),
+                0..3,
+            ),
+            any::<u32>(),
+        ),
     )
         .prop_map(
             |(
                 (status, level, title, worker_id, updated_at, claimed_at, started_at, completed_at),
                 (error, retry_count, crashes, next_retry_at, duration_ms, lease_id, leases),
                 (commit, resume_from, base_commit, out_of_scope, blocked_by, cost_usd),
+                (tokens, models, unreachable),
             )| TaskState {
                 status,
                 level,
@@ -144,8 +154,20 @@ fn task_state() -> impl Strategy<Value = TaskState> {
                 out_of_scope,
                 blocked_by,
                 cost_usd,
+                tokens,
+                models,
+                unreachable,
             },
         )
+}
+
+fn tokens() -> impl Strategy<Value = Tokens> {
+    any::<[u64; 4]>().prop_map(|t| Tokens {
+        input_tokens: t[0],
+        output_tokens: t[1],
+        cache_read_tokens: t[2],
+        cache_creation_tokens: t[3],
+    })
 }
 
 fn worker_state() -> impl Strategy<Value = WorkerState> {
@@ -178,6 +200,7 @@ fn worker_state() -> impl Strategy<Value = WorkerState> {
             prop::option::of(prop::sample::select(Step::ALL)),
             any::<u32>(),
         ),
+        opt_text(),
     )
         .prop_map(
             |(
@@ -201,6 +224,7 @@ fn worker_state() -> impl Strategy<Value = WorkerState> {
                     token_sha256,
                 ),
                 (respawn_times_ms, respawns, spawn_failures, last_exit, reason, step, progress_pct),
+                detail,
             )| WorkerState {
                 worker_id,
                 status,
@@ -224,6 +248,7 @@ fn worker_state() -> impl Strategy<Value = WorkerState> {
                 reason,
                 step,
                 progress_pct,
+                detail,
             },
         )
 }
@@ -274,6 +299,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
             texts(),
             any::<u64>(),
         ),
+        (text(), prop::option::of(cost())),
     )
         .prop_map(
             |(
@@ -287,6 +313,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
                     warnings,
                     journal_seq,
                 ),
+                (rate_limit_type, max_usd),
             )| RushMeta {
                 rush_id,
                 repo,
@@ -309,6 +336,8 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
                 },
                 warnings,
                 journal_seq,
+                rate_limit_type,
+                max_usd,
             },
         )
 }

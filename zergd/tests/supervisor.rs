@@ -268,6 +268,7 @@ async fn start(
         feature: "f".into(),
         workers: 2,
         mode: Some(Mode::Subprocess),
+        max_usd: None,
     };
     let reply = h
         .ask(|tx| Event::Control(ControlCmd::Rush(req, tx)))
@@ -527,6 +528,7 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
                 progress_pct: u32::MAX,
                 timestamp_ms: i64::MIN,
                 last_output_ms: i64::MAX,
+                detail: s.into(),
             };
             let _ = c.heartbeat(from(&w0, tokio_stream::iter(vec![hb]))).await;
             let rep = v1::CompleteRequest {
@@ -699,6 +701,7 @@ async fn a_full_disk_keeps_the_old_state_pauses_the_rush_and_retry_resumes_it() 
         key,
         task_ids: vec![],
         reset: false,
+        max_usd: None,
     };
     h.ask(|tx| Event::Control(ControlCmd::Retry(retry, tx)))
         .await

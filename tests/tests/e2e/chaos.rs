@@ -339,7 +339,7 @@ fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() 
     );
     let text = String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "rl"]).stdout).to_string();
     assert!(
-        text.contains("Rate-limited until") || text.contains("COMPLETE"),
+        text.contains("usage limit until") || text.contains("COMPLETE"),
         "{text}"
     );
     // With retry_attempts 0 a counted failure would fail the rush: the rate limit must not count.
@@ -618,4 +618,178 @@ fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
     assert_eq!(doc["rush"]["state"], "complete");
     assert!(d.log().contains("zergd restarted") || monitor(&repo).contains("zergd restarted"));
     eprintln!("{kills} kills, {cut} in the middle of a compaction");
+}
+
+#[test]
+fn todays_usage_limit_forms_each_hold_the_rush_without_counting_an_attempt() {
+    let repo = TestRepo::new();
+    repo.write_graph("forms", &graph_12("forms"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\", \"--output-format\", \"stream-json\", \"--verbose\"]\n  timeout_seconds: 120\n{FAST_WORKERS}  retry_attempts: 0\n",
+            bin("fake-claude").display()
+        ),
+    )
+    .unwrap();
+    let limited = |form: &str| {
+        json!({"attempts": [
+            [{"op": "rate_limit", "reset_in_secs": 1, "form": form}],
+            [{"op": "write_owned"}, {"op": "stream_json"}]
+        ]})
+    };
+    repo.write_script(
+        "forms",
+        &json!({"tasks": {
+            "G-L1-001": limited("auto"),
+            "G-L1-002": limited("event_ms"),
+            "G-L1-003": limited("spliced"),
+            "G-L1-004": limited("api_key"),
+            "G-L1-005": limited("legacy"),
+            "G-L2-001": [{"op": "usage_warning"}, {"op": "write_owned"}, {"op": "stream_json"}],
+        }}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "forms", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    // With retry_attempts 0 a counted failure would fail the rush.
+    let st = assert_complete_exactly_once(&d, &repo, "forms");
+    for i in 1..=5 {
+        let id = format!("G-L1-{i:03}");
+        assert_eq!(st["tasks"][&id]["attempts"], 1, "{id}: {st}");
+    }
+    let log = monitor(&repo);
+    assert!(log.contains("UTC (five_hour)"), "{log}");
+    assert!(
+        log.matches("hit the agent's usage limit").count() >= 5,
+        "{log}"
+    );
+    // Every run that did the work reported its cost and tokens (an assistant message repeated
+    // in several events counts once: the result's figures win anyway).
+    for (id, t) in st["tasks"].as_object().unwrap() {
+        assert!(t["cost_usd"].as_f64().unwrap() >= 0.01, "{id}: {t}");
+        assert_eq!(t["tokens"]["input_tokens"], 1000, "{id}: {t}");
+        assert_eq!(t["tokens"]["cache_read_tokens"], 500, "{id}: {t}");
+    }
+    assert_eq!(st["tokens"]["input_tokens"], 12_000, "{st}");
+    assert_eq!(st["models"]["fake"]["output_tokens"], 1200, "{st}");
+}
+
+#[test]
+fn a_rush_pauses_at_its_budget_and_retry_with_a_higher_one_finishes_it() {
+    let repo = TestRepo::new();
+    repo.write_graph("budget", &graph_12("budget"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  command: [\"{}\", \"--print\", \"--output-format\", \"stream-json\", \"--verbose\"]\n  timeout_seconds: 120\n{FAST_WORKERS}budget:\n  max_usd: 100\n",
+            bin("fake-claude").display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start();
+    // Each run costs 0.01: the flag's budget (over the config's) runs out after three tasks.
+    assert!(
+        d.ctl_in(
+            &repo.path,
+            &[
+                "rush",
+                "budget",
+                "--workers",
+                "1",
+                "--detach",
+                "--max-usd",
+                "0.03"
+            ]
+        )
+        .status
+        .success()
+    );
+    let st = d.wait_for(&repo.path, "budget", T, "the rush to pause", |s| {
+        s["state"] != "running" && s["state"] != "pending"
+    });
+    assert_eq!(st["state"], "paused", "{st}");
+    assert!(
+        st["reason"].as_str().unwrap().starts_with("budget:"),
+        "{st}"
+    );
+    assert_eq!(st["max_usd"], 0.03);
+    assert_eq!(tasks_with(&st, "complete").len(), 3, "{st}");
+    assert!(tasks_with(&st, "in_progress").is_empty(), "{st}");
+    let out = d.ctl_in(&repo.path, &["retry", "budget", "--max-usd", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "budget");
+    assert_eq!(st["max_usd"], 1.0);
+    assert!(
+        (st["cost_usd"].as_f64().unwrap() - 0.12).abs() < 1e-9,
+        "{st}"
+    );
+}
+
+#[test]
+fn the_codex_profile_reads_codex_events_for_tokens_and_failed_turns() {
+    let repo = TestRepo::new();
+    repo.write_graph("codex", &graph_12("codex"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n{FAST_WORKERS}",
+            bin("fake-codex").display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "codex", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "codex");
+    for (id, t) in st["tasks"].as_object().unwrap() {
+        assert_eq!(t["tokens"]["input_tokens"], 1000, "{id}: {t}");
+        assert_eq!(t["tokens"]["cache_read_tokens"], 200, "{id}: {t}");
+        assert_eq!(t["tokens"]["output_tokens"], 30, "{id}: {t}");
+        assert_eq!(t["cost_usd"], 0.0, "Codex reports no cost");
+    }
+}
+
+#[test]
+fn a_failed_codex_turn_with_a_usage_limit_holds_the_rush() {
+    let repo = TestRepo::new();
+    repo.write_graph("cdxl", &graph_12("cdxl"));
+    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
+    std::fs::write(
+        repo.path.join(".zerg/config.yaml"),
+        format!(
+            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n  env_passthrough: [FAKE_CODEX_FAIL]\n{FAST_WORKERS}  retry_attempts: 0\n",
+            bin("fake-codex").display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start_with_env(vec![(
+        "FAKE_CODEX_FAIL".into(),
+        "You've hit your usage limit. Upgrade or try again later.".into(),
+    )]);
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "cdxl", "--workers", "1", "--detach"])
+            .status
+            .success()
+    );
+    let st = d.wait_for(&repo.path, "cdxl", T, "a usage-limit hold", |s| {
+        s["rate_limited_until"]
+            .as_str()
+            .is_some_and(|x| !x.is_empty())
+    });
+    assert_eq!(st["state"], "running", "{st}");
+    assert!(tasks_with(&st, "failed").is_empty(), "not counted: {st}");
 }

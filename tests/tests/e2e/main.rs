@@ -7,4 +7,5 @@ mod container;
 mod core;
 mod hostile;
 mod machines;
+mod realcli;
 mod symbols;

@@ -18,6 +18,7 @@ use zerg_proto::v1::worker_client::WorkerClient;
 use crate::exit;
 use crate::prompt::{self, CHECKPOINT_FILE, ESCALATION_FILE};
 use crate::run::{self, Outcome, Spec, now_ms};
+use crate::stream::{ModelSpend, Profile, Report, Tokens};
 use zerg_proto::contract::{Revocation, env};
 
 /// Repeats an RPC across reconnects.
@@ -48,6 +49,41 @@ pub use environment::Env;
 use environment::*;
 use handoff::read_json;
 
+fn tokens_to_wire(t: &Tokens) -> v1::Tokens {
+    v1::Tokens {
+        input_tokens: t.input,
+        output_tokens: t.output,
+        cache_read_tokens: t.cache_read,
+        cache_creation_tokens: t.cache_creation,
+    }
+}
+
+/// The tokens and per-model usage of an attempt, as the wire carries them.
+fn usage_to_wire(
+    r: &Report,
+) -> (
+    Option<v1::Tokens>,
+    std::collections::HashMap<String, v1::ModelUsage>,
+) {
+    let models = r
+        .models
+        .iter()
+        // Within what zergd accepts.
+        .filter(|(m, _)| m.len() <= zerg_proto::contract::limits::MAX_NAME)
+        .take(zerg_proto::contract::limits::MAX_MODELS)
+        .map(|(m, ModelSpend { tokens, cost_usd })| {
+            (
+                m.clone(),
+                v1::ModelUsage {
+                    tokens: Some(tokens_to_wire(tokens)),
+                    cost_usd: *cost_usd,
+                },
+            )
+        })
+        .collect();
+    (Some(tokens_to_wire(&r.tokens)), models)
+}
+
 /// What happened to a task.
 enum TaskEnd {
     /// Reported to zergd (success or failure); lease the next one.
@@ -75,8 +111,11 @@ pub struct Session {
     /// The worktree's own git directory, where stale lock files are looked for before each
     /// task (found once: it does not change while this process runs).
     git_dir: Option<PathBuf>,
-    /// Cost the agent CLI reported for the current attempt.
-    attempt_cost: f64,
+    /// What the agent CLI's output said of the current attempt: cost, tokens.
+    attempt: Report,
+    /// The agent CLI's own account of what it does (`API retry 3/10: overloaded`), sent with
+    /// every heartbeat of the attempt.
+    detail: Arc<std::sync::Mutex<String>>,
 }
 
 impl Session {
@@ -140,7 +179,8 @@ impl Session {
             tiers: Vec::new(),
             identity,
             git_dir,
-            attempt_cost: 0.0,
+            attempt: Report::default(),
+            detail: Arc::default(),
         })
     }
 
@@ -188,8 +228,22 @@ impl Session {
             progress_pct: self.progress,
             timestamp_ms: now_ms(),
             last_output_ms: self.last_output.load(Ordering::Relaxed),
+            detail: self
+                .detail
+                .lock()
+                .map(|d| {
+                    zerg_proto::contract::limits::clip(&d, zerg_proto::contract::limits::MAX_NAME)
+                        .to_string()
+                })
+                .unwrap_or_default(),
         };
         let _ = self.hb_tx.try_send(hb);
+    }
+
+    fn set_detail(&self, text: String) {
+        if let Ok(mut d) = self.detail.lock() {
+            *d = text;
+        }
     }
 
     fn set_step(&mut self, step: v1::Step, progress: u32) {

@@ -72,6 +72,17 @@ impl Session {
         checkpoint: String,
     ) -> TaskEnd {
         let tiers = self.tier_results();
+        let (tokens, models) = usage_to_wire(&self.attempt);
+        let limit_type = self
+            .attempt
+            .limit
+            .as_ref()
+            .filter(|_| kind == v1::FailKind::RateLimited)
+            .map(|l| {
+                zerg_proto::contract::limits::clip(&l.kind, zerg_proto::contract::limits::MAX_NAME)
+                    .to_string()
+            })
+            .unwrap_or_default();
         let req = v1::FailRequest {
             worker: Some(self.env.me()),
             lease_id: task.lease_id.clone(),
@@ -81,7 +92,10 @@ impl Session {
             tiers,
             retry_at_ms,
             checkpoint_commit: checkpoint,
-            cost_usd: self.attempt_cost,
+            cost_usd: self.attempt.cost_usd.unwrap_or(0.0),
+            tokens,
+            models,
+            limit_type,
         };
         match retrying!(self, |c| c.fail(req.clone())) {
             Ok(_) => TaskEnd::Next,
@@ -101,7 +115,8 @@ impl Session {
         let started = Instant::now();
         self.current = Some((task.id.clone(), task.lease_id.clone()));
         self.tiers.clear();
-        self.attempt_cost = 0.0;
+        self.attempt = Report::default();
+        self.set_detail(String::new());
         self.last_output.store(0, Ordering::Relaxed);
         eprintln!(
             "zerg-worker-agent: task {} (attempt {}, lease {})",
@@ -143,6 +158,8 @@ impl Session {
             artifact: Some(artifacts.join("agent-output.txt")),
             own_group: false,
             result_grace: run::RESULT_GRACE,
+            detail: Some(self.detail.clone()),
+            profile: Profile::from_name(&self.cfg.agent_profile),
         };
         let outcome = match self.supervise(spec).await {
             None => return self.abandon(&task).await,
@@ -175,7 +192,8 @@ impl Session {
             }
         };
 
-        self.attempt_cost = outcome.cost_usd.unwrap_or(0.0);
+        self.attempt = outcome.report.clone();
+        self.set_detail(String::new());
         if outcome.lingered {
             eprintln!(
                 "zerg-worker-agent: the agent CLI printed its result but did not exit within {:?}; stopped it",
@@ -190,14 +208,37 @@ impl Session {
         if let Some(cp) = read_json(&task_dir.join(CHECKPOINT_FILE)) {
             return self.checkpoint(&task, cp).await;
         }
-        // A usage limit only counts when the run failed: a successful run may merely mention one.
-        if let Some(reset) = outcome.rate_limit.filter(|_| !outcome.success()) {
+        // A run that failed may have failed for a reason that is not the task's: a usage
+        // limit, no login, no network. A successful run may merely mention one.
+        let report = &outcome.report;
+        let failed = !outcome.success() || report.verdict.as_ref().is_some_and(|v| v.failed);
+        if failed && report.auth_failed {
+            let msg = format!(
+                "the agent CLI is not logged in ({}): run `claude /login` as the user zergd runs as, or give zergd ANTHROPIC_API_KEY, or a CLAUDE_CODE_OAUTH_TOKEN made with `claude setup-token`",
+                said(&outcome)
+            );
+            return self
+                .fail(&task, v1::FailKind::AuthFailed, msg, 0, String::new())
+                .await;
+        }
+        if failed && let Some(limit) = report.limit.clone() {
             return self
                 .fail(
                     &task,
                     v1::FailKind::RateLimited,
-                    format!("agent reported a usage limit: {}", last_line(&outcome.tail)),
-                    reset,
+                    format!("agent reported a usage limit: {}", said(&outcome)),
+                    limit.reset_ms,
+                    String::new(),
+                )
+                .await;
+        }
+        if failed && report.unreachable {
+            return self
+                .fail(
+                    &task,
+                    v1::FailKind::ApiUnreachable,
+                    format!("the agent CLI could not reach its API: {}", said(&outcome)),
+                    0,
                     String::new(),
                 )
                 .await;
@@ -216,6 +257,24 @@ impl Session {
                 )
                 .await;
         }
+        if let Some(v) = report
+            .verdict
+            .as_ref()
+            .filter(|v| v.failed && outcome.success())
+        {
+            return self
+                .fail(
+                    &task,
+                    v1::FailKind::AgentFailed,
+                    format!(
+                        "agent reported an error: {}",
+                        v.text.chars().take(500).collect::<String>()
+                    ),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
         if !outcome.success() {
             let code = outcome
                 .code
@@ -225,7 +284,7 @@ impl Session {
                 .fail(
                     &task,
                     v1::FailKind::AgentFailed,
-                    format!("agent exited {code}: {}", last_line(&outcome.tail)),
+                    format!("agent exited {code}: {}", said(&outcome)),
                     0,
                     String::new(),
                 )
@@ -260,6 +319,8 @@ impl Session {
                 own_group: true,
                 // Verification commands print no stream-json; a stray match must not cut them short.
                 result_grace: Duration::from_secs(timeout.max(1)),
+                detail: None,
+                profile: Profile::Plain,
             };
             let o = match self.supervise(spec).await {
                 None => return self.abandon(&task).await,
@@ -311,6 +372,7 @@ impl Session {
             }
         };
         let out_of_scope = self.out_of_scope(&task, &commit).await;
+        let (tokens, models) = usage_to_wire(&self.attempt);
         let req = v1::CompleteRequest {
             worker: Some(self.env.me()),
             lease_id: task.lease_id.clone(),
@@ -319,7 +381,9 @@ impl Session {
             tiers: self.tier_results(),
             out_of_scope,
             duration_ms: started.elapsed().as_millis() as u64,
-            cost_usd: self.attempt_cost,
+            cost_usd: self.attempt.cost_usd.unwrap_or(0.0),
+            tokens,
+            models,
         };
         match retrying!(self, |c| c.complete(req.clone())) {
             Ok(_) => {
@@ -435,6 +499,20 @@ pub(super) async fn remove_stale_locks(git_dir: &Path) {
         if tokio::fs::remove_file(&p).await.is_ok() {
             eprintln!("zerg-worker-agent: removed stale {}", p.display());
         }
+    }
+}
+
+/// What the agent CLI said of its run, for a failure message: its final result's text when it
+/// printed one (a stream-json line is no message for people), else its last output lines.
+fn said(outcome: &Outcome) -> String {
+    match outcome
+        .report
+        .verdict
+        .as_ref()
+        .filter(|v| !v.text.trim().is_empty())
+    {
+        Some(v) => v.text.chars().take(500).collect(),
+        None => last_line(&outcome.tail),
     }
 }
 

@@ -12,6 +12,7 @@ pub async fn run(
     tasks: Vec<String>,
     reset: bool,
     repo: Option<std::path::PathBuf>,
+    max_usd: Option<f64>,
 ) -> Result<u8, CliError> {
     let repo = repo_arg(repo)?;
     let mut c = connect(socket).await?;
@@ -21,6 +22,7 @@ pub async fn run(
             feature: feature.clone(),
             task_ids: tasks,
             reset,
+            max_usd,
         })
         .await
         .map_err(from_status)?

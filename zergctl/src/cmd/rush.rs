@@ -7,22 +7,41 @@ use zerg_proto::v1::control_client::ControlClient;
 use crate::{CliError, code, from_status, render};
 use zerg_proto::WireName;
 
+/// What to start a rush with.
+pub struct Start<'a> {
+    /// Repository.
+    pub repo: &'a str,
+    /// Feature.
+    pub feature: &'a str,
+    /// Number of workers.
+    pub workers: u32,
+    /// `subprocess`, `container`, or empty for the default.
+    pub mode: &'a str,
+    /// The rush's budget (USD), if given.
+    pub max_usd: Option<f64>,
+}
+
 /// Starts a rush and (unless detached) follows it.
 pub async fn rush(
     c: &mut ControlClient<Channel>,
-    repo: &str,
-    feature: &str,
-    workers: u32,
-    mode: &str,
+    start: Start<'_>,
     detach: bool,
     verbose: bool,
 ) -> Result<u8, CliError> {
+    let Start {
+        repo,
+        feature,
+        workers,
+        mode,
+        max_usd,
+    } = start;
     let r = c
         .rush(v1::RushRequest {
             repo: repo.to_string(),
             feature: feature.to_string(),
             workers,
             mode: mode_arg(mode)? as i32,
+            max_usd,
         })
         .await
         .map_err(from_status)?

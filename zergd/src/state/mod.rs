@@ -16,6 +16,7 @@
 
 pub mod journal;
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -92,6 +93,12 @@ pub struct RushMeta {
     pub finished_at: String,
     /// Unix ms until which new work is held back (agent rate limit), 0 if none.
     pub rate_limited_until_ms: i64,
+    /// Which usage limit holds new work (`five_hour`, …), when the agent CLI named it.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub rate_limit_type: String,
+    /// The rush's budget (USD): no new work once the agent's cost reaches it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_usd: Option<f64>,
     /// Resilience counters.
     pub resilience: Counters,
     /// Graph and config warnings from rush start.
@@ -167,6 +174,70 @@ pub struct TaskState {
     pub blocked_by: Vec<String>,
     /// Agent cost over all attempts (USD), as reported by the agent CLI.
     pub cost_usd: f64,
+    /// Tokens over all attempts, as reported by the agent CLI.
+    #[serde(skip_serializing_if = "Tokens::is_zero")]
+    pub tokens: Tokens,
+    /// Tokens and cost over all attempts, per model.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, ModelSpend>,
+    /// Attempts that could not reach the agent's API, in a row (not counted as failures;
+    /// they only lengthen the wait before the next one).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub unreachable: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Tokens an agent CLI reported.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+#[serde(default)]
+pub struct Tokens {
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_tokens: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_creation_tokens: u64,
+}
+
+impl Tokens {
+    /// Whether every count is 0.
+    pub fn is_zero(&self) -> bool {
+        *self == Tokens::default()
+    }
+
+    /// Adds another count (saturating).
+    pub fn add(&mut self, o: &Tokens) {
+        self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(o.cache_read_tokens);
+        self.cache_creation_tokens = self
+            .cache_creation_tokens
+            .saturating_add(o.cache_creation_tokens);
+    }
+}
+
+/// One model's tokens and cost.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct ModelSpend {
+    /// Tokens.
+    #[serde(flatten)]
+    pub tokens: Tokens,
+    /// Cost (USD).
+    pub cost_usd: f64,
+}
+
+impl ModelSpend {
+    /// Adds another model line.
+    pub fn add(&mut self, o: &ModelSpend) {
+        self.tokens.add(&o.tokens);
+        self.cost_usd += o.cost_usd;
+    }
 }
 
 /// One worker slot.
@@ -217,6 +288,9 @@ pub struct WorkerState {
     pub step: Option<Step>,
     /// Progress from the last heartbeat.
     pub progress_pct: u32,
+    /// What the agent CLI said it is doing within the step (`API retry 3/10: overloaded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// One level.

@@ -144,6 +144,10 @@ impl Supervisor {
             ControlCmd::Retry(req, reply) => match self.find(&req.key) {
                 Ok(id) => {
                     self.with_rush(&id, |r, fx| {
+                        if let Some(m) = req.max_usd {
+                            r.doc.rush.max_usd = Some(m);
+                            r.dirty = true;
+                        }
                         let res = r.retry(&req.task_ids, req.reset, now, wall, fx);
                         fx.reply(reply, res);
                     });
@@ -211,6 +215,9 @@ impl Supervisor {
                     self.with_rush(&id, |r, fx| {
                         if mode_given {
                             r.doc.rush.mode = mode;
+                        }
+                        if let Some(m) = req.max_usd {
+                            r.doc.rush.max_usd = Some(m);
                         }
                         let res = r.retry(&[], false, now, wall, fx);
                         let mode = r.doc.rush.mode;
@@ -292,6 +299,7 @@ impl Supervisor {
             }),
         );
         let r = self.rushes.get_mut(&id).expect("inserted");
+        r.doc.rush.max_usd = req.max_usd.or(r.config.budget.max_usd);
         r.start(now, wall, &mut fx);
         self.pending.push((id, fx));
     }

@@ -294,6 +294,7 @@ impl H {
             out_of_scope: vec![],
             duration_ms: 1000,
             cost_usd: 0.0,
+            usage: Default::default(),
         }
     }
 
@@ -323,6 +324,8 @@ impl H {
             retry_at_ms: 0,
             checkpoint: None,
             cost_usd: 0.0,
+            usage: Default::default(),
+            limit_type: String::new(),
         }
     }
 
@@ -360,6 +363,7 @@ impl H {
             step: step.parse::<crate::domain::Step>().expect("a known step"),
             progress_pct: 50,
             last_output_ms,
+            detail: String::new(),
         };
         self.r.on_heartbeat(req, self.now, self.wall)
     }
@@ -1359,6 +1363,232 @@ fn mass_staleness_rechecks_once_before_failing_workers() {
 // === 10: rate limits ===
 
 #[test]
+fn an_agent_cli_without_a_login_pauses_the_rush_once_and_costs_no_attempt() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|_| {}),
+    );
+    h.start();
+    let t0 = h.join(0).expect("task");
+    let t1 = h.join(1).expect("task");
+    let mut req = h.fail_req(0, &t0, "auth_failed");
+    req.message = "the agent CLI is not logged in: run `claude /login`".into();
+    h.fail_with(req);
+    assert_eq!(h.r.state(), RushState::Paused);
+    assert!(h.r.doc.rush.reason.contains("claude /login"));
+    assert!(h.r.doc.rush.reason.contains("zergctl retry"));
+    // The other worker's run ends the same way: no second pause, no attempt counted.
+    h.fail(1, &t1, "auth_failed");
+    for id in ["A-L1-001", "A-L1-002"] {
+        assert_eq!(h.task(id).status, TaskStatus::Pending, "{id}");
+        assert_eq!(h.task(id).retry_count, 0, "{id}");
+    }
+    let pauses =
+        h.r.doc
+            .execution_log
+            .iter()
+            .filter(|e| e.event == "agent_not_logged_in")
+            .count();
+    assert_eq!(pauses, 1);
+    h.lease(0);
+    assert!(h.reply(0).is_none(), "no new work while paused");
+}
+
+#[test]
+fn an_unreachable_api_backs_off_uncounted_and_pauses_once_every_worker_saw_it() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        2,
+        config(|w| {
+            w.retry_attempts = 0;
+            w.backoff_base_seconds = Duration::from_secs(10);
+            w.backoff_max_seconds = Duration::from_secs(1000);
+        }),
+    );
+    h.start();
+    let t0 = h.join(0).expect("task");
+    let t1 = h.join(1).expect("task");
+    h.fail(0, &t0, "api_unreachable");
+    let ts = h.task("A-L1-001");
+    assert_eq!(ts.status, TaskStatus::WaitingRetry, "retried with backoff");
+    assert_eq!(
+        ts.retry_count, 0,
+        "not counted: with retry_attempts 0 it would fail"
+    );
+    assert_eq!(ts.unreachable, 1);
+    assert_eq!(
+        h.r.state(),
+        RushState::Running,
+        "one worker is not every worker"
+    );
+    // A success in between means the API is reachable after all.
+    let mut fx_t1 = h.complete_req(1, &t1);
+    fx_t1.cost_usd = 0.0;
+    h.try_complete(fx_t1).expect("complete");
+    assert!(h.r.unreachable_from.is_empty());
+    h.advance(Duration::from_secs(30));
+    h.tick();
+    h.lease(0);
+    let t0 = h.leased(0);
+    h.fail(0, &t0, "api_unreachable");
+    assert_eq!(h.task("A-L1-001").unreachable, 2, "the backoff grows");
+    assert_eq!(h.r.state(), RushState::Running);
+    let t0b = {
+        h.advance(Duration::from_secs(100));
+        h.tick();
+        h.lease(1);
+        h.leased(1)
+    };
+    h.fail(1, &t0b, "api_unreachable");
+    assert_eq!(h.r.state(), RushState::Paused, "both workers saw it");
+    assert!(h.r.doc.rush.reason.contains("cannot reach its API"));
+    assert_eq!(h.task("A-L1-001").retry_count, 0);
+}
+
+#[test]
+fn cost_and_tokens_are_summed_per_task_and_rush_across_attempts() {
+    use crate::calls::{AttemptUsage, ModelSpend, Tokens};
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
+        1,
+        config(|w| {
+            w.backoff_base_seconds = Duration::from_millis(10);
+            w.backoff_max_seconds = Duration::from_millis(10);
+        }),
+    );
+    h.start();
+    let usage = |n: u64| {
+        let tokens = Tokens {
+            input_tokens: n,
+            output_tokens: n / 10,
+            cache_read_tokens: 2 * n,
+            cache_creation_tokens: 1,
+        };
+        AttemptUsage {
+            tokens,
+            models: [(
+                "m".to_string(),
+                ModelSpend {
+                    tokens,
+                    cost_usd: 0.5,
+                },
+            )]
+            .into(),
+        }
+    };
+    let t = h.join(0).expect("task");
+    let mut req = h.fail_req(0, &t, "agent_failed");
+    req.cost_usd = 0.5;
+    req.usage = usage(100);
+    h.fail_with(req);
+    h.advance(Duration::from_secs(1));
+    h.tick();
+    h.lease(0);
+    let t = h.leased(0);
+    let mut req = h.complete_req(0, &t);
+    req.cost_usd = 0.5;
+    req.usage = usage(1000);
+    h.try_complete(req).expect("complete");
+    let ts = h.task(&t.id);
+    assert_eq!(ts.cost_usd, 1.0);
+    assert_eq!(ts.tokens.input_tokens, 1100);
+    assert_eq!(ts.tokens.cache_read_tokens, 2200);
+    assert_eq!(ts.models["m"].cost_usd, 1.0);
+    let st = crate::wire::status::rush_status(&h.r);
+    assert_eq!(st.cost_usd, 1.0);
+    let tok = st.tokens.expect("tokens");
+    assert_eq!((tok.input_tokens, tok.output_tokens), (1100, 110));
+    assert_eq!(
+        st.models["m"]
+            .tokens
+            .as_ref()
+            .unwrap()
+            .cache_creation_tokens,
+        2
+    );
+    // What an older state file lacks, it does not write either.
+    let other = serde_json::to_value(h.task("A-L1-002")).unwrap();
+    assert!(
+        other.get("tokens").is_none() && other.get("models").is_none(),
+        "{other}"
+    );
+}
+
+#[test]
+fn the_budget_stops_new_leases_and_pauses_the_rush() {
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L1-003", 1, &[]),
+        ],
+        2,
+        config(|_| {}),
+    );
+    h.r.doc.rush.max_usd = Some(1.0);
+    h.start();
+    let t0 = h.join(0).expect("task");
+    let t1 = h.join(1).expect("task");
+    let mut req = h.complete_req(0, &t0);
+    req.cost_usd = 1.0;
+    h.try_complete(req).expect("complete");
+    assert_eq!(h.r.state(), RushState::Paused);
+    assert!(
+        h.r.doc.rush.reason.starts_with("budget:"),
+        "{}",
+        h.r.doc.rush.reason
+    );
+    h.lease(0);
+    assert!(h.reply(0).is_none(), "no new lease at the budget");
+    // The running task finishes and its cost counts.
+    let mut req = h.complete_req(1, &t1);
+    req.cost_usd = 0.25;
+    h.try_complete(req).expect("a running task finishes");
+    assert_eq!(h.task(&t1.id).status, TaskStatus::Complete);
+}
+
+#[test]
+fn a_new_detail_from_the_agent_counts_as_progress() {
+    let mut h = H::new(
+        vec![task("A-L1-001", 1, &[])],
+        1,
+        config(|w| {
+            w.heartbeat_stale_threshold = Duration::from_secs(10_000);
+            w.task_stale_timeout_seconds = Duration::from_secs(10);
+        }),
+    );
+    h.start();
+    let t = h.join(0).expect("task");
+    h.heartbeat(0, Some(&t), "implementing", 1);
+    for i in 1..=5 {
+        h.advance(Duration::from_secs(6));
+        let me = h.wref(0);
+        let req = Beat {
+            caller: me,
+            lease: Some(lease_of(&t)),
+            step: crate::domain::Step::Implementing,
+            progress_pct: 10,
+            last_output_ms: 1,
+            detail: format!("API retry {i}/10: overloaded"),
+        };
+        h.r.on_heartbeat(req, h.now, h.wall).expect("beat");
+        h.tick();
+        assert_eq!(h.task(&t.id).status, TaskStatus::InProgress, "retry {i}");
+    }
+    assert_eq!(
+        h.worker(0).detail.as_deref(),
+        Some("API retry 5/10: overloaded")
+    );
+    // Without a new detail or new output there is no progress: the watchdog fires.
+    h.advance(Duration::from_secs(6));
+    h.heartbeat(0, Some(&t), "implementing", 1);
+    h.advance(Duration::from_secs(6));
+    h.tick();
+    assert_ne!(h.task(&t.id).status, TaskStatus::InProgress);
+}
+
+#[test]
 fn a_reported_reset_far_in_the_future_holds_new_work_for_six_hours_at_most() {
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
     h.start();
@@ -1367,7 +1597,11 @@ fn a_reported_reset_far_in_the_future_holds_new_work_for_six_hours_at_most() {
     req.retry_at_ms = i64::MAX;
     h.fail_with(req);
     let held = h.r.doc.rush.rate_limited_until_ms - h.wall_ms();
-    assert!(held > 0 && held <= 6 * 3600 * 1000, "held for {held} ms");
+    // Six hours, and the margin after a stated reset.
+    assert!(
+        held > 0 && held <= 6 * 3600 * 1000 + 30_000,
+        "held for {held} ms"
+    );
 }
 
 #[test]
@@ -1378,24 +1612,32 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
         config(|w| {
             w.heartbeat_stale_threshold = Duration::from_secs(10_000);
             w.task_stale_timeout_seconds = Duration::from_secs(10_000);
+            w.usage_limit_margin_seconds = Duration::from_secs(5);
         }),
     );
     h.start();
     let t = h.join(0).expect("task");
     h.join(1).expect("task");
-    let until = h.wall_ms() + 60_000;
+    let reset = h.wall_ms() + 60_000;
+    // Held until the reset plus the margin.
+    let until = reset + 5_000;
     let mut req = h.fail_req(0, &t, "rate_limited");
-    req.retry_at_ms = until;
+    req.retry_at_ms = reset;
+    req.limit_type = "five_hour".into();
     h.fail_with(req);
     let ts = h.task("A-L1-001");
     assert_eq!(ts.status, TaskStatus::Pending);
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.lease_id, None);
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
+    let st = crate::wire::status::rush_status(&h.r);
+    assert!(!st.rate_limited_until.is_empty());
+    assert_eq!(st.rate_limit_type, "five_hour");
     assert!(
-        !crate::wire::status::rush_status(&h.r)
-            .rate_limited_until
-            .is_empty()
+        h.r.events
+            .iter()
+            .any(|e| e.kind == "rate_limited" && e.message.contains("UTC (five_hour)")),
+        "the event names the limit"
     );
     assert_eq!(h.r.state(), RushState::Running);
 
@@ -1407,7 +1649,17 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     assert_eq!(h.task("A-L1-001").status, TaskStatus::Pending);
     h.advance(Duration::from_secs(31));
     h.tick();
+    assert!(
+        h.reply(0).is_none(),
+        "the reset has passed, the margin has not"
+    );
+    h.advance(Duration::from_secs(5));
+    h.tick();
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, 0);
+    assert_eq!(
+        h.r.doc.rush.rate_limit_type, "",
+        "the type goes with the hold"
+    );
     assert!(h.logged("rate_limit_over"));
     let t2 = h.leased(0);
     assert_eq!(t2.id, "A-L1-001");

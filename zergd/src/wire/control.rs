@@ -27,6 +27,15 @@ fn key(repo: String, feature: String) -> Result<RushKey, SupervisorError> {
     })
 }
 
+fn budget(v: Option<f64>) -> Result<Option<f64>, SupervisorError> {
+    match v {
+        Some(m) if !m.is_finite() || m <= 0.0 => Err(SupervisorError::invalid_argument(format!(
+            "max_usd: {m} is not an amount above 0"
+        ))),
+        v => Ok(v),
+    }
+}
+
 impl TryFrom<v1::RushRequest> for StartRush {
     type Error = SupervisorError;
     fn try_from(r: v1::RushRequest) -> Result<Self, SupervisorError> {
@@ -43,6 +52,7 @@ impl TryFrom<v1::RushRequest> for StartRush {
             feature: field("feature", r.feature)?,
             workers: r.workers,
             mode,
+            max_usd: budget(r.max_usd)?,
         })
     }
 }
@@ -88,6 +98,7 @@ impl TryFrom<v1::RetryRequest> for RetryTasks {
             key: key(r.repo, r.feature)?,
             task_ids,
             reset: r.reset,
+            max_usd: budget(r.max_usd)?,
         })
     }
 }

@@ -69,6 +69,8 @@ pub fn fail_kind_from_wire(raw: i32) -> Option<FailKind> {
         v1::FailKind::Checkpoint => FailKind::Checkpoint,
         v1::FailKind::Escalated => FailKind::Escalated,
         v1::FailKind::AgentMissing => FailKind::AgentMissing,
+        v1::FailKind::AuthFailed => FailKind::AuthFailed,
+        v1::FailKind::ApiUnreachable => FailKind::ApiUnreachable,
     })
 }
 
@@ -83,6 +85,8 @@ pub fn fail_kind_to_wire(k: FailKind) -> v1::FailKind {
         FailKind::Checkpoint => v1::FailKind::Checkpoint,
         FailKind::Escalated => v1::FailKind::Escalated,
         FailKind::AgentMissing => v1::FailKind::AgentMissing,
+        FailKind::AuthFailed => v1::FailKind::AuthFailed,
+        FailKind::ApiUnreachable => v1::FailKind::ApiUnreachable,
     }
 }
 

@@ -2,9 +2,12 @@
 
 use zerg_proto::v1;
 
+use std::collections::BTreeMap;
+
 use crate::calls::Escalation;
 use crate::domain::{RushState, TaskStatus};
 use crate::monitor::{Level, MonitorEvent};
+use crate::state::{ModelSpend, Tokens};
 use crate::supervisor::rush::{Rush, staging_branch};
 use crate::wire;
 
@@ -35,6 +38,7 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
                     cost_usd: t.cost_usd,
                     started_at: t.started_at.clone().unwrap_or_default(),
                     duration_ms: t.duration_ms.unwrap_or(0),
+                    tokens: Some(tokens(&t.tokens)),
                 },
             )
         })
@@ -59,6 +63,7 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
                     reason: w.reason.clone().unwrap_or_default(),
                     tasks_completed: w.tasks_completed,
                     branch: w.branch.clone(),
+                    detail: w.detail.clone().unwrap_or_default(),
                 },
             )
         })
@@ -94,6 +99,14 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
     } else {
         String::new()
     };
+    let mut total = Tokens::default();
+    let mut models: BTreeMap<String, ModelSpend> = BTreeMap::new();
+    for t in d.tasks.values() {
+        total.add(&t.tokens);
+        for (m, s) in &t.models {
+            models.entry(m.clone()).or_default().add(s);
+        }
+    }
     let mut warnings = d.rush.warnings.clone();
     for (id, t) in &d.tasks {
         if !t.out_of_scope.is_empty() {
@@ -140,6 +153,34 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
         base_branch: d.rush.base_branch.clone(),
         report,
         cost_usd: d.tasks.values().map(|t| t.cost_usd).sum(),
+        rate_limit_type: if d.rush.rate_limited_until_ms > 0 {
+            d.rush.rate_limit_type.clone()
+        } else {
+            String::new()
+        },
+        tokens: Some(tokens(&total)),
+        models: models
+            .into_iter()
+            .map(|(m, s)| {
+                (
+                    m,
+                    v1::ModelUsage {
+                        tokens: Some(tokens(&s.tokens)),
+                        cost_usd: s.cost_usd,
+                    },
+                )
+            })
+            .collect(),
+        max_usd: d.rush.max_usd.unwrap_or(0.0),
+    }
+}
+
+fn tokens(t: &Tokens) -> v1::Tokens {
+    v1::Tokens {
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        cache_read_tokens: t.cache_read_tokens,
+        cache_creation_tokens: t.cache_creation_tokens,
     }
 }
 

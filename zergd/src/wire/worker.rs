@@ -9,13 +9,13 @@ use std::time::Duration;
 use zerg_proto::v1;
 
 use crate::calls::{
-    Beat, Caller, Completion, EscalationReport, Failure, LeaseOutcome, LeaseRef, Register,
-    Registration, TierOutcome,
+    AttemptUsage, Beat, Caller, Completion, EscalationReport, Failure, LeaseOutcome, LeaseRef,
+    Register, Registration, TierOutcome,
 };
 use crate::error::SupervisorError;
 
 pub use zerg_proto::contract::limits::{
-    MAX_ID, MAX_NAME, MAX_PATH, MAX_PATHS, MAX_TEXT, MAX_TIERS,
+    MAX_ID, MAX_MODELS, MAX_NAME, MAX_PATH, MAX_PATHS, MAX_TEXT, MAX_TIERS,
 };
 
 fn invalid(field: &str, why: impl std::fmt::Display) -> SupervisorError {
@@ -104,6 +104,40 @@ fn finite_cost(field: &str, c: f64) -> Result<f64, SupervisorError> {
     Ok(c)
 }
 
+fn tokens(t: Option<v1::Tokens>) -> crate::calls::Tokens {
+    let t = t.unwrap_or_default();
+    crate::calls::Tokens {
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        cache_read_tokens: t.cache_read_tokens,
+        cache_creation_tokens: t.cache_creation_tokens,
+    }
+}
+
+fn usage(
+    t: Option<v1::Tokens>,
+    models: std::collections::HashMap<String, v1::ModelUsage>,
+) -> Result<AttemptUsage, SupervisorError> {
+    if models.len() > MAX_MODELS {
+        return Err(invalid("models", format!("more than {MAX_MODELS} models")));
+    }
+    let models = models
+        .into_iter()
+        .map(|(name, m)| {
+            let name = text("models", name, MAX_NAME)?;
+            let spend = crate::calls::ModelSpend {
+                tokens: tokens(m.tokens),
+                cost_usd: finite_cost("models.cost_usd", m.cost_usd)?,
+            };
+            Ok((name, spend))
+        })
+        .collect::<Result<_, SupervisorError>>()?;
+    Ok(AttemptUsage {
+        tokens: tokens(t),
+        models,
+    })
+}
+
 impl TryFrom<v1::RegisterRequest> for Register {
     type Error = SupervisorError;
     fn try_from(r: v1::RegisterRequest) -> Result<Self, SupervisorError> {
@@ -141,6 +175,7 @@ impl TryFrom<v1::HeartbeatRequest> for Beat {
             step,
             progress_pct: r.progress_pct.min(100),
             last_output_ms: r.last_output_ms.max(0),
+            detail: text("detail", r.detail, MAX_NAME)?,
         })
     }
 }
@@ -167,6 +202,7 @@ impl TryFrom<v1::CompleteRequest> for Completion {
             out_of_scope,
             duration_ms: r.duration_ms,
             cost_usd: finite_cost("cost_usd", r.cost_usd)?,
+            usage: usage(r.tokens, r.models)?,
         })
     }
 }
@@ -188,6 +224,8 @@ impl TryFrom<v1::FailRequest> for Failure {
             retry_at_ms: r.retry_at_ms.max(0),
             checkpoint,
             cost_usd: finite_cost("cost_usd", r.cost_usd)?,
+            usage: usage(r.tokens, r.models)?,
+            limit_type: text("limit_type", r.limit_type, MAX_NAME)?,
         })
     }
 }
@@ -219,6 +257,7 @@ impl From<Registration> for v1::RegisterReply {
     fn from(r: Registration) -> Self {
         v1::RegisterReply {
             agent_command: r.agent_command,
+            agent_profile: r.agent_profile.as_str().to_string(),
             agent_timeout_seconds: secs(r.agent_timeout),
             heartbeat_interval_ms: u64::try_from(r.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),

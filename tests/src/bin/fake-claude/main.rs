@@ -4,7 +4,10 @@
 //! behaves according to the JSON script named by `FAKE_CLAUDE_SCRIPT` (or `$ZERG_SPEC_DIR/fake-claude.json`): per task id (from
 //! `ZERG_TASK_ID`, else `Task ID: <id>` in the prompt) and per attempt it runs a list of ops
 //! such as writing the task's owned files, printing, sleeping, hanging, crashing, reporting a
-//! usage limit, or writing escalation/checkpoint handoff files into `ZERG_TASK_DIR`.
+//! usage limit (in the forms Claude Code prints today: the `rate_limit_event` with `resetsAt` in
+//! seconds or milliseconds, spliced into another line, the `You've hit your … limit` text, an
+//! API key's 429, and the legacy line), printing an `allowed_warning`, replaying a recorded
+//! run of the real CLI, or writing escalation/checkpoint handoff files into `ZERG_TASK_DIR`.
 //!
 //! Without a script every task runs `[{"op":"write_owned"}]`. Attempts are counted in
 //! `<state dir>/<task-id>.count`. If `FAKE_CLAUDE_LOG` is set, one JSON line per invocation is
@@ -238,8 +241,19 @@ enum Op {
         code: i32,
     },
     Crash,
+    /// Reports a usage limit that resets in `reset_in_secs`, in one of the forms Claude Code
+    /// prints (see [`LimitForm`]), and exits 1.
     RateLimit {
         reset_in_secs: i64,
+        #[serde(default)]
+        form: LimitForm,
+    },
+    /// Prints a `rate_limit_event` with `status: "allowed_warning"` (stream-json only).
+    UsageWarning,
+    /// Prints the lines of a recorded run of Claude Code 2.1.327 (`tool`, `nologin`, `nonet`,
+    /// `rl`, `rl-oauth`: tests/fixtures/claude-code-2.1.327/).
+    Recorded {
+        name: String,
     },
     Escalate {
         category: String,
@@ -261,6 +275,53 @@ enum Op {
     Shell {
         command: String,
     },
+}
+
+/// How [`Op::RateLimit`] reports the limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LimitForm {
+    /// As Claude Code 2.1.327 with a subscription: in stream-json a `rate_limit_event`
+    /// (`resetsAt` in epoch seconds, `five_hour`), an `assistant` error message and a failed
+    /// `result`; in text mode the legacy line (the text form has only minutes, see `Text`).
+    #[default]
+    Auto,
+    /// The `rate_limit_event` with `resetsAt` in epoch milliseconds.
+    EventMs,
+    /// The event spliced into the middle of the `assistant` line (seen in Claude Code 2.1.74).
+    Spliced,
+    /// `You've hit your 5-hour limit · resets <h:mm>pm (UTC)`, the reset rounded up to the
+    /// minute.
+    Text,
+    /// An API key's 429: `API Error: Request rejected (429) · …`, no reset stated.
+    ApiKey,
+    /// `Claude AI usage limit reached|<epoch>`, which Claude Code no longer prints.
+    Legacy,
+}
+
+/// A recorded run of Claude Code 2.1.327.
+fn recorded(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "tool" => include_str!("../../../fixtures/claude-code-2.1.327/tool.jsonl"),
+        "nologin" => include_str!("../../../fixtures/claude-code-2.1.327/nologin.jsonl"),
+        "nonet" => include_str!("../../../fixtures/claude-code-2.1.327/nonet.jsonl"),
+        "rl" => include_str!("../../../fixtures/claude-code-2.1.327/rl.jsonl"),
+        "rl-oauth" => include_str!("../../../fixtures/claude-code-2.1.327/rl-oauth.jsonl"),
+        _ => return None,
+    })
+}
+
+/// `You've hit your 5-hour limit · resets 8:22pm (UTC)` for the minute at or after `epoch`.
+fn limit_text(epoch: i64) -> String {
+    let minutes = (epoch + 59).div_euclid(60);
+    let (h, m) = ((minutes / 60).rem_euclid(24), minutes.rem_euclid(60));
+    let (h12, ampm) = match h {
+        0 => (12, "am"),
+        1..=11 => (h, "am"),
+        12 => (12, "pm"),
+        _ => (h - 12, "pm"),
+    };
+    format!("You've hit your 5-hour limit · resets {h12}:{m:02}{ampm} (UTC)")
 }
 
 /// The ops of one task: the same for every attempt, or one list per attempt. Ops are kept as raw
@@ -476,7 +537,14 @@ impl Ctx {
 
     fn result_event(&self, is_error: bool, result: &str) -> Value {
         let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        json!({
+        // A fixed, recognisable cost and usage per run, so tests can check they are accounted;
+        // a failed API call costs nothing, as with the real CLI.
+        let (cost, input, output, cached) = if is_error {
+            (0.0, 0, 0, 0)
+        } else {
+            (0.01, 1000, 100, 500)
+        };
+        let mut v = json!({
             "type": "result",
             "subtype": "success",
             "is_error": is_error,
@@ -485,9 +553,74 @@ impl Ctx {
             "num_turns": 1,
             "result": result,
             "session_id": self.session_id,
-            // A fixed, recognisable cost per run, so tests can check it is accounted.
-            "total_cost_usd": 0.01,
+            "total_cost_usd": cost,
+            "usage": {"input_tokens": input, "output_tokens": output, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached},
+            "modelUsage": {},
+            "api_error_status": null,
+        });
+        if !is_error {
+            v["modelUsage"] = json!({"fake": {"inputTokens": input, "outputTokens": output, "cacheReadInputTokens": cached, "cacheCreationInputTokens": 0, "costUSD": cost}});
+        }
+        v
+    }
+
+    /// The synthetic `assistant` message of an API error.
+    fn error_message(&self, error: &str, text: &str) -> Value {
+        json!({
+            "type": "assistant",
+            "message": {
+                "id": make_session_id(), "type": "message", "role": "assistant", "model": "<synthetic>",
+                "content": [{"type": "text", "text": text}],
+                "usage": {"input_tokens": 0, "output_tokens": 0}
+            },
+            "session_id": self.session_id,
+            "error": error,
+            "is_api_error_message": true,
         })
+    }
+
+    fn rate_limit(&self, reset_epoch: i64, form: LimitForm) -> ! {
+        // Written out, to keep the real CLI's key order (`type` first).
+        let event = |resets_at: i64| {
+            format!(
+                r#"{{"type":"rate_limit_event","rate_limit_info":{{"status":"rejected","resetsAt":{resets_at},"rateLimitType":"five_hour","isUsingOverage":false}},"session_id":"{}"}}"#,
+                self.session_id
+            )
+        };
+        let text = match form {
+            LimitForm::ApiKey => "API Error: Request rejected (429) · This request would exceed your account's rate limit. Please try again later.".to_string(),
+            LimitForm::Legacy => rate_limit_message(reset_epoch),
+            LimitForm::Auto if self.format == OutputFormat::Text => rate_limit_message(reset_epoch),
+            _ => limit_text(reset_epoch),
+        };
+        if self.format == OutputFormat::Text {
+            out(&text);
+            exit_now(1);
+        }
+        let mut result = self.result_event(true, &text);
+        if form != LimitForm::Legacy {
+            result["api_error_status"] = json!(429);
+        }
+        match form {
+            LimitForm::Auto => out(&event(reset_epoch)),
+            LimitForm::EventMs => out(&event(reset_epoch.saturating_mul(1000))),
+            _ => {}
+        }
+        let assistant = self.error_message("rate_limit", &text).to_string();
+        if form == LimitForm::Spliced {
+            // The event cut into the assistant line, inside its text.
+            let at = assistant.find("hit your").unwrap_or(assistant.len() / 2);
+            out(&format!(
+                "{}{}{}",
+                &assistant[..at],
+                event(reset_epoch),
+                &assistant[at..]
+            ));
+        } else {
+            out(&assistant);
+        }
+        out(&result.to_string());
+        exit_now(1);
     }
 
     fn run(&mut self, op: &Op) {
@@ -532,15 +665,29 @@ impl Ctx {
                 let _ = std::io::stdout().flush();
                 std::process::abort();
             }
-            Op::RateLimit { reset_in_secs } => {
-                let message = rate_limit_message(now_epoch().saturating_add(*reset_in_secs));
-                match self.format {
-                    OutputFormat::Text => out(&message),
-                    OutputFormat::Json | OutputFormat::StreamJson => {
-                        out(&self.result_event(true, &message).to_string());
-                    }
+            Op::RateLimit {
+                reset_in_secs,
+                form,
+            } => self.rate_limit(now_epoch().saturating_add(*reset_in_secs), *form),
+            Op::UsageWarning => {
+                if self.format == OutputFormat::StreamJson {
+                    let reset = now_epoch().saturating_add(3600);
+                    out(&json!({"type": "rate_limit_event", "rate_limit_info": {
+                        "status": "allowed_warning", "resetsAt": reset, "rateLimitType": "seven_day",
+                        "utilization": 0.9, "isUsingOverage": false
+                    }, "session_id": self.session_id}).to_string());
                 }
-                exit_now(1);
+            }
+            Op::Recorded { name } => {
+                let Some(text) = recorded(name) else {
+                    fail(format!("no recorded run {name:?}"))
+                };
+                for line in text.lines() {
+                    out(line);
+                }
+                if text.contains("\"type\":\"result\"") {
+                    self.stream_json_done = true;
+                }
             }
             Op::Escalate { category, message } => {
                 let value = json!({
@@ -600,10 +747,14 @@ impl Ctx {
                         "role": "assistant",
                         "model": "fake",
                         "content": [{"type": "text", "text": format!("Working on task {}.", self.task_id)}],
+                        "usage": {"input_tokens": 1000, "output_tokens": 1},
                     },
                     "session_id": self.session_id,
                 });
                 out(&init.to_string());
+                // As the real CLI does, one message's blocks in several events, its usage
+                // repeated.
+                out(&assistant.to_string());
                 out(&assistant.to_string());
                 out(&self.result_event(false, "done").to_string());
                 self.stream_json_done = true;

@@ -129,7 +129,10 @@ fn script_defaults_and_errors() {
         parse_script(r#"{"tasks":{"X":[{"op":"rate_limit","reset_in_secs":60}]}}"#).unwrap();
     assert_eq!(
         script.ops_for("X", 1).unwrap(),
-        vec![Op::RateLimit { reset_in_secs: 60 }]
+        vec![Op::RateLimit {
+            reset_in_secs: 60,
+            form: LimitForm::Auto
+        }]
     );
 
     // An unknown op only fails the task that uses it.

@@ -431,6 +431,7 @@ impl Rush {
         wall: SystemTime,
         fx: &mut Effects,
     ) -> Result<Vec<String>, SupervisorError> {
+        self.unreachable_from.clear();
         for id in ids {
             if !self.doc.tasks.contains_key(id) {
                 return Err(SupervisorError::not_found(format!(

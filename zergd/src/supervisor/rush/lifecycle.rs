@@ -12,6 +12,7 @@ impl Rush {
             self.doc.started_at = iso_millis(wall);
         }
         self.doc.rush.rate_limited_until_ms = 0;
+        self.doc.rush.rate_limit_type.clear();
         let level = self.first_open_level();
         self.event(
             wall,

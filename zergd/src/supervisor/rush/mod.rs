@@ -305,6 +305,8 @@ pub struct Rush {
     pub symbols: Option<Arc<SymbolIndex>>,
     /// A symbol map is being built; leases wait for it.
     pub indexing: bool,
+    /// Workers whose agent CLI could not reach its API since the last attempt that could.
+    pub unreachable_from: BTreeSet<u32>,
 }
 
 // === Construction and small helpers ===
@@ -332,6 +334,7 @@ impl Rush {
             spec_context,
             rt_tasks: HashMap::new(),
             rt_workers: BTreeMap::new(),
+            unreachable_from: BTreeSet::new(),
             events: Vec::new(),
             dirty: true,
             merging: false,

@@ -99,6 +99,66 @@ impl Rush {
         }
     }
 
+    /// The agent CLI could not reach its API, after its own retries: not the task's fault.
+    /// The task waits with backoff, the attempt not counted; once every worker of the rush has
+    /// seen it since the last attempt that got through, the rush pauses.
+    pub(super) fn api_unreachable(
+        &mut self,
+        t: &str,
+        w: u32,
+        why: &str,
+        now: Instant,
+        wall: SystemTime,
+    ) {
+        let backoff = self.task_backoff();
+        let everyone = self.unreachable_from.len() >= self.doc.rush.workers.max(1) as usize;
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        ts.unreachable = ts.unreachable.saturating_add(1);
+        ts.error = Some(format!("api_unreachable: {why}"));
+        ts.lease_id = None;
+        let delay = backoff.jittered(ts.unreachable);
+        ts.status = TaskStatus::WaitingRetry;
+        ts.next_retry_at = Some(iso_millis(wall + delay));
+        ts.updated_at = iso_millis(wall);
+        self.rt_tasks.insert(
+            t.to_string(),
+            TaskRt {
+                last_progress: now,
+                last_output_ms: 0,
+                last_step: None,
+                retry_due: Some(now + delay),
+            },
+        );
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Warn,
+            "api_unreachable",
+            format!(
+                "Worker {w}: the agent CLI could not reach its API on {t} ({why}); retrying in {:.1}s (the attempt is not counted)",
+                delay.as_secs_f64()
+            ),
+            json!({"task_id": t, "worker_id": w, "backoff_seconds": delay.as_secs_f64()}),
+        );
+        if everyone && self.state() == RushState::Running {
+            let reason = format!(
+                "the agent CLI cannot reach its API from any worker ({why}). Check the network (and ANTHROPIC_BASE_URL if set), then `zergctl retry {}`",
+                self.feature()
+            );
+            self.set_state(RushState::Paused, &reason);
+            self.event(
+                wall,
+                Source::Orchestrator,
+                Level::Error,
+                "api_unreachable_everywhere",
+                format!("Rush paused: {reason}"),
+                json!({"workers": self.unreachable_from.iter().collect::<Vec<_>>()}),
+            );
+        }
+    }
+
     /// Fails a task for good and blocks everything that depends on it.
     pub(super) fn fail_permanently(&mut self, t: &str, why: &str, wall: SystemTime) {
         let Some(ts) = self.doc.tasks.get_mut(t) else {

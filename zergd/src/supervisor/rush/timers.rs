@@ -69,6 +69,7 @@ impl Rush {
                 due(now + Duration::from_millis(left as u64));
             } else {
                 self.doc.rush.rate_limited_until_ms = 0;
+                self.doc.rush.rate_limit_type.clear();
                 self.dirty = true;
                 self.event(
                     wall,

@@ -147,8 +147,15 @@ impl Rush {
             blocking,
             timeout: vt.timeout_seconds,
         };
+        let mut agent_command = self.config.agent.effective_command();
+        if let Some(cap) = self.config.budget.task_max_usd
+            && self.config.agent.profile == crate::config::AgentProfile::Claude
+        {
+            agent_command.extend(["--max-budget-usd".to_string(), cap.to_string()]);
+        }
         Registration {
-            agent_command: self.config.agent.command.clone(),
+            agent_command,
+            agent_profile: self.config.agent.profile,
             agent_timeout: self.config.agent.timeout_seconds,
             heartbeat_interval: self.config.workers.heartbeat_interval_seconds,
             tiers: vec![
@@ -213,6 +220,9 @@ impl Rush {
         if self.state() != RushState::Running || self.merging || self.rate_limited(wall) {
             return;
         }
+        if self.budget_reached(wall) {
+            return;
+        }
         if self.wait_for_symbols(fx) {
             return;
         }
@@ -238,6 +248,37 @@ impl Rush {
             let task = self.lease(&task_id, w, now, wall);
             fx.reply(tx, Ok(LeaseOutcome::Task(Box::new(task))));
         }
+    }
+
+    /// The agent's cost so far (USD), over every task and attempt.
+    pub fn cost_usd(&self) -> f64 {
+        self.doc.tasks.values().map(|t| t.cost_usd).sum()
+    }
+
+    /// Whether the rush's cost reached its budget; pauses it (reason `budget`) when it did.
+    /// Running tasks finish; their cost still counts.
+    fn budget_reached(&mut self, wall: SystemTime) -> bool {
+        let Some(max) = self.doc.rush.max_usd else {
+            return false;
+        };
+        let cost = self.cost_usd();
+        if cost < max {
+            return false;
+        }
+        let reason = format!(
+            "budget: the agent's reported cost ${cost:.2} reached the rush's budget of ${max:.2}. Raise it with `zergctl retry {} --max-usd N`",
+            self.feature()
+        );
+        self.set_state(RushState::Paused, &reason);
+        self.event(
+            wall,
+            Source::Orchestrator,
+            Level::Warn,
+            "budget_reached",
+            format!("Rush paused: {reason}"),
+            json!({"cost_usd": cost, "max_usd": max}),
+        );
+        true
     }
 
     pub(super) fn rate_limited(&self, wall: SystemTime) -> bool {
@@ -379,10 +420,14 @@ impl Rush {
         let w = r.worker;
         self.touch(w, now, wall);
         let recovered = self.worker_status(w) == Some(WorkerStatus::Stale);
+        let detail = (!req.detail.is_empty()).then(|| req.detail.clone());
+        let mut new_detail = false;
         if let Some(ws) = self.doc.workers.get_mut_unjournaled(&w.to_string()) {
             ws.health_check_at = Some(iso_millis(wall));
             ws.step = Some(step);
             ws.progress_pct = req.progress_pct.min(100);
+            new_detail = detail.is_some() && ws.detail != detail;
+            ws.detail = detail;
         }
         if recovered {
             let status = if req.lease.is_none() {
@@ -406,8 +451,10 @@ impl Rush {
             // Only evidence of work refreshes the task's progress deadline: new output from
             // the agent CLI or a new step. A heartbeat alone proves the worker is alive, not
             // that a hung `claude -p` is making progress.
+            // The CLI's own account of what it does (an API retry) is evidence too.
             let mut started = false;
-            if req.last_output_ms > trt.last_output_ms || Some(step) != trt.last_step {
+            if req.last_output_ms > trt.last_output_ms || Some(step) != trt.last_step || new_detail
+            {
                 trt.last_progress = now;
                 trt.last_output_ms = req.last_output_ms.max(trt.last_output_ms);
                 started = step == Step::Implementing && trt.last_step != Some(Step::Implementing);
@@ -547,6 +594,8 @@ impl Rush {
         self.record_tiers(w, &task_id, &req.tiers);
         let ts = self.doc.tasks.get_mut(&task_id).expect("checked");
         ts.cost_usd += req.cost_usd;
+        add_usage(ts, &req.usage);
+        ts.unreachable = 0;
         ts.status = TaskStatus::Complete;
         ts.commit = Some(req.commit.clone());
         ts.completed_at = Some(iso_millis(wall));
@@ -556,7 +605,9 @@ impl Rush {
         ts.resume_from = None;
         ts.out_of_scope = req.out_of_scope.clone();
         self.rt_tasks.remove(&task_id);
+        self.unreachable_from.clear();
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.detail = None;
             ws.accepted_head = req.commit.clone();
             ws.tasks_completed += 1;
             ws.current_task = None;
@@ -605,8 +656,13 @@ impl Rush {
         self.record_tiers(w, &t, &req.tiers);
         if let Some(ts) = self.doc.tasks.get_mut(&t) {
             ts.cost_usd += req.cost_usd;
+            add_usage(ts, &req.usage);
+        }
+        if req.kind != Some(FailKind::ApiUnreachable) {
+            self.unreachable_from.clear();
         }
         if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
+            ws.detail = None;
             ws.current_task = None;
             ws.status = WorkerStatus::Ready;
             ws.step = Some(Step::Idle);
@@ -619,22 +675,31 @@ impl Rush {
                 // hold the whole rush for ever.
                 let latest = unix_millis(wall).saturating_add(MAX_RATE_LIMIT_PAUSE_MS);
                 let until = if req.retry_at_ms > unix_millis(wall) {
+                    // A little after the reset: the provider's clock and ours differ.
                     from_unix_millis(req.retry_at_ms.min(latest))
+                        + self.config.workers.usage_limit_margin_seconds
                 } else {
                     wall + self.task_backoff().jittered(1)
                 };
-                self.doc.rush.rate_limited_until_ms = unix_millis(until);
+                // Another worker may already have reported a later reset.
+                if unix_millis(until) > self.doc.rush.rate_limited_until_ms {
+                    self.doc.rush.rate_limited_until_ms = unix_millis(until);
+                    self.doc.rush.rate_limit_type = req.limit_type.clone();
+                }
                 self.requeue(&t, "rate limited", wall);
+                let what = limit_text(
+                    self.doc.rush.rate_limited_until_ms,
+                    &self.doc.rush.rate_limit_type,
+                );
                 self.event(
                     wall,
                     Source::Worker(w),
                     Level::Warn,
                     "rate_limited",
                     format!(
-                        "Worker {w} hit the agent's usage limit on {t}; new work paused until {} (reason: retrying before the reset would fail again; the attempt is not counted)",
-                        iso_millis(until)
+                        "Worker {w} hit the agent's {what} on {t}: new work is held (retrying before the reset would fail again; the attempt is not counted)"
                     ),
-                    json!({"task_id": t, "worker_id": w, "until": iso_millis(until)}),
+                    json!({"task_id": t, "worker_id": w, "until": iso_millis(until), "limit_type": req.limit_type}),
                 );
             }
             Some(FailKind::Checkpoint) => {
@@ -650,6 +715,29 @@ impl Rush {
                     &format!("worker cannot run the agent: {}", req.message),
                     wall,
                 );
+            }
+            Some(FailKind::AuthFailed) => {
+                self.requeue(&t, "the agent CLI is not logged in", wall);
+                if self.state() == RushState::Running {
+                    let reason = format!(
+                        "{}. Then `zergctl retry {}`",
+                        req.message.trim_end_matches('.'),
+                        self.feature()
+                    );
+                    self.set_state(RushState::Paused, &reason);
+                    self.event(
+                        wall,
+                        Source::Worker(w),
+                        Level::Error,
+                        "agent_not_logged_in",
+                        format!("Worker {w}: rush paused: {reason}"),
+                        json!({"task_id": t, "worker_id": w}),
+                    );
+                }
+            }
+            Some(FailKind::ApiUnreachable) => {
+                self.unreachable_from.insert(w);
+                self.api_unreachable(&t, w, &req.message, now, wall);
             }
             Some(FailKind::Escalated) => {
                 self.fail_permanently(&t, &format!("escalated: {}", req.message), wall);
@@ -714,5 +802,24 @@ impl Rush {
             json!({"task_id": req.task_id, "category": req.category, "message": req.message}),
         );
         Ok(())
+    }
+}
+
+/// Adds an attempt's tokens to its task.
+fn add_usage(ts: &mut crate::state::TaskState, u: &crate::calls::AttemptUsage) {
+    ts.tokens.add(&u.tokens);
+    for (m, spend) in &u.models {
+        ts.models.entry(m.clone()).or_default().add(spend);
+    }
+}
+
+/// `usage limit until 20:22 UTC (five_hour)`: a hold as status and monitor.log show it.
+pub fn limit_text(until_ms: i64, kind: &str) -> String {
+    let at = iso_millis(from_unix_millis(until_ms));
+    let hm = at.get(11..16).unwrap_or(&at);
+    if kind.is_empty() {
+        format!("usage limit until {hm} UTC")
+    } else {
+        format!("usage limit until {hm} UTC ({kind})")
     }
 }
