@@ -256,6 +256,10 @@ impl Daemon {
             .open(self.dir.path().join("zergd.log"))
             .expect("log");
         let mut cmd = Command::new(bin("zergd"));
+        // What the test unsets goes first: what it sets wins.
+        for k in &self.unset {
+            cmd.env_remove(k);
+        }
         if !self.env.iter().any(|(k, _)| k == "IS_SANDBOX") {
             cmd.env("IS_SANDBOX", "1");
         }
@@ -265,9 +269,6 @@ impl Daemon {
             } else {
                 cmd.env(k, v);
             }
-        }
-        for k in &self.unset {
-            cmd.env_remove(k);
         }
         let child = cmd
             .arg("--socket")

@@ -315,3 +315,52 @@ fn an_unreachable_api_is_not_counted_and_pauses_the_rush_when_every_worker_sees_
     assert!(log.contains("could not reach its API"), "{log}");
     assert!(log.contains("(the attempt is not counted)"), "{log}");
 }
+
+/// The real CLI inside worker containers, logged in with a subscription token from zergd's
+/// environment and pointed at the stand-in through `ANTHROPIC_BASE_URL`: both reach the
+/// containers, the CLI's calls get through, and the rush completes with every Task-ID once.
+/// (The containers share the host's network so that 127.0.0.1 is the stand-in.)
+#[test]
+fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
+    let Some(claude) = real_claude() else { return };
+    if !crate::container::docker_ready() {
+        return;
+    }
+    let image = "zerg-worker:e2e-real-claude";
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["image", "build", "--offline", "--tag", image, "--with"])
+        .arg(claude.join("claude"))
+        .arg("--agent")
+        .arg(bin("zerg-worker-agent"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "zergctl image build: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let api = MessagesApi::start(&[]);
+    let (repo, d, _home) = setup(
+        &claude,
+        "rcc",
+        &graph_12("rcc"),
+        &format!("container:\n  image: {image}\n  network: host\n"),
+        vec![
+            ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-test".to_string()),
+            ("ANTHROPIC_BASE_URL", api.url.clone()),
+        ],
+    );
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", "rcc", "--workers", "2", "--mode", "container", "--detach"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = complete_once(&d, &repo, "rcc", &graph_12_ids());
+    for (id, t) in st["tasks"].as_object().unwrap() {
+        assert!(t["cost_usd"].as_f64().unwrap() > 0.0, "{id}: {t}");
+    }
+}
