@@ -352,7 +352,15 @@ fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
     );
     let out = d.ctl_in(
         &repo.path,
-        &["rush", "rcc", "--workers", "2", "--mode", "container", "--detach"],
+        &[
+            "rush",
+            "rcc",
+            "--workers",
+            "2",
+            "--mode",
+            "container",
+            "--detach",
+        ],
     );
     assert!(
         out.status.success(),
