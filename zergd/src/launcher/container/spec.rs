@@ -147,8 +147,9 @@ pub struct HostFacts {
     pub git_identity: (String, String),
     /// What of the host's Claude login each worker's home gets a copy of.
     pub login: ClaudeLogin,
-    /// Variables passed through from zergd's environment: [`CONTAINER_ENV_ALLOWLIST`] and
-    /// `agent.env_passthrough`, less the denylist; file-valued ones already point inside.
+    /// Variables passed through from zergd's environment: the subprocess allowlist and
+    /// `agent.env_passthrough`, less the denylist and host paths; file-valued ones already point
+    /// inside.
     pub passthrough: Vec<(String, String)>,
     /// Host files and directories named by passed variables (certificate bundles, cloud
     /// credentials files), each mounted read-only at the path its variable names inside.
@@ -223,44 +224,34 @@ impl ClaudeLogin {
     }
 }
 
-/// The variables of zergd's environment a worker container inherits (a `*` suffix is a
-/// prefix), beyond `agent.env_passthrough`: the model providers' settings and logins, proxies,
-/// certificate paths, the commit identity and the agent's own settings. Host paths that mean
-/// nothing inside (`PATH`, `HOME`, toolchain dirs) are not among them.
-pub const CONTAINER_ENV_ALLOWLIST: &[&str] = &[
-    "LANG",
-    "LANGUAGE",
-    "LC_*",
-    "TZ",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
-    "ANTHROPIC_*",
-    "CLAUDE_*",
-    "AWS_*",
-    "GOOGLE_*",
-    "CLOUDSDK_*",
-    "GIT_AUTHOR_NAME",
-    "GIT_AUTHOR_EMAIL",
-    "GIT_COMMITTER_NAME",
-    "GIT_COMMITTER_EMAIL",
-    "ZERG_LOG",
-    "ZERG_RECONNECT_TIMEOUT_SECONDS",
-    "RUST_BACKTRACE",
+/// Variables of the subprocess allowlist ([`zerg_proto::contract::ENV_ALLOWLIST`]) that a
+/// container does not take from zergd's environment: host paths and names that mean nothing
+/// inside (its `PATH`, home, toolchain dirs), and what zergd sets itself for the inside
+/// (`HOME`, `CLAUDE_CONFIG_DIR`, and every `ZERG_*` but the agent's own two settings). A `*`
+/// suffix is a prefix. They stay out even when `agent.env_passthrough` names them.
+pub const CONTAINER_ENV_HOST_ONLY: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "TMPDIR",
+    "XDG_*",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "GOPATH",
+    "GOROOT",
+    "GOCACHE",
+    "GOMODCACHE",
+    "NVM_DIR",
+    "NODE_PATH",
+    "PYENV_ROOT",
+    "VIRTUAL_ENV",
+    "JAVA_HOME",
+    "CLAUDE_CONFIG_DIR",
 ];
-
-/// Variables a container never takes from zergd's environment, even when
-/// `agent.env_passthrough` names them: zergd sets them itself for the inside (and every
-/// `ZERG_*` but the agent's own two settings).
-const CONTAINER_ENV_OWN: &[&str] = &["PATH", "HOME", "CLAUDE_CONFIG_DIR"];
 
 /// Variables whose value names a host file or directory (a certificate bundle, a cloud
 /// credentials file): when passed, it is mounted read-only at `/zerg/host/<VAR>` and the
@@ -286,17 +277,22 @@ pub fn host_file_in_container(var: &str) -> String {
 pub type EnvVars = Vec<(String, String)>;
 
 /// The passed-through variables of `vars` for a container with `extra` (the rush's
-/// `agent.env_passthrough`), and the host files they name. `FAKE_CLAUDE_*` (the test agent
+/// `agent.env_passthrough`): what a subprocess worker would inherit, less
+/// [`CONTAINER_ENV_HOST_ONLY`]; and the host files they name. `FAKE_CLAUDE_*` (the test agent
 /// CLI's hooks) pass as they are.
 pub fn container_passthrough(
     vars: impl IntoIterator<Item = (String, String)>,
     extra: &[String],
 ) -> (EnvVars, Vec<(String, PathBuf)>) {
-    let matches = |patterns: &[&str], name: &str| {
-        patterns.iter().any(|d| match d.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => name == *d,
-        })
+    let host_only = |name: &str| {
+        CONTAINER_ENV_HOST_ONLY
+            .iter()
+            .any(|d| match d.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == *d,
+            })
+            || (name.starts_with("ZERG_")
+                && !matches!(name, "ZERG_LOG" | "ZERG_RECONNECT_TIMEOUT_SECONDS"))
     };
     let mut out = Vec::new();
     let mut files = Vec::new();
@@ -305,14 +301,7 @@ pub fn container_passthrough(
             out.push((k, v));
             continue;
         }
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let ours = matches(CONTAINER_ENV_OWN, &k)
-            || (k.starts_with("ZERG_")
-                && !matches(&["ZERG_LOG", "ZERG_RECONNECT_TIMEOUT_SECONDS"], &k));
-        if zerg_proto::contract::env_denied(&k)
-            || ours
-            || !(matches(CONTAINER_ENV_ALLOWLIST, &k) || matches(&extra, &k))
-        {
+        if !zerg_proto::contract::env_inherited(&k, extra) || host_only(&k) {
             continue;
         }
         if FILE_VARS.contains(&k.as_str()) {
