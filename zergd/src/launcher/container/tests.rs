@@ -322,6 +322,17 @@ async fn real_engine_lifecycle() {
         .await
         .unwrap();
     assert!(launcher.is_alive(sp2.clone()).await);
+    // Stopped once it sleeps (SIGTERM ends `sleep`), not while its shell is still starting up.
+    let log2 = t.join("logs/worker-2.log");
+    let mut sleeping = false;
+    for _ in 0..600 {
+        if fs::read_to_string(&log2).is_ok_and(|l| l.contains("worker 2 sleeping")) {
+            sleeping = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sleeping, "worker 2 never reached its sleep");
     let found = launcher.discover(&rush).await;
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(
@@ -329,7 +340,7 @@ async fn real_engine_lifecycle() {
         (2, 1, true)
     );
     assert_eq!(found[0].spawned.container_id, sp2.container_id);
-    launcher.stop(sp2.clone(), Duration::from_secs(1)).await;
+    launcher.stop(sp2.clone(), Duration::from_secs(10)).await;
     assert_eq!(exit_of(rx).await, ExitInfo::Code(143));
     assert!(!launcher.is_alive(sp2).await);
     assert!(launcher.discover(&rush).await.is_empty());
