@@ -350,23 +350,7 @@ fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
             ("ANTHROPIC_BASE_URL", api.url.clone()),
         ],
     );
-    let out = d.ctl_in(
-        &repo.path,
-        &[
-            "rush",
-            "rcc",
-            "--workers",
-            "2",
-            "--mode",
-            "container",
-            "--detach",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::container::start_detached(&d, &repo, "rcc", 2);
     let st = complete_once(&d, &repo, "rcc", &graph_12_ids());
     for (id, t) in st["tasks"].as_object().unwrap() {
         assert!(t["cost_usd"].as_f64().unwrap() > 0.0, "{id}: {t}");
