@@ -371,40 +371,23 @@ fn task_id(prompt: &str) -> Option<String> {
 /// A shell command that creates the files the prompt's `## Files` section names as created
 /// and appends to the ones it names as modified.
 fn write_files_command(task: &str, prompt: &str) -> String {
+    let (create, modify) = zerg_tests::owned_files(prompt);
     let mut cmds = Vec::new();
-    let mut in_section = false;
-    for line in prompt.lines() {
-        let t = line.trim();
-        if t.starts_with('#') {
-            in_section = t.starts_with("## ") && t.trim_start_matches('#').trim() == "Files";
+    let files = create
+        .iter()
+        .map(|p| (">", p))
+        .chain(modify.iter().map(|p| (">>", p)));
+    for (op, p) in files {
+        // Quoted in single quotes below: a name holding one is left alone.
+        if p.contains('\'') {
             continue;
         }
-        if !in_section {
-            continue;
-        }
-        let item = t
-            .trim_start_matches(['-', '*'])
-            .trim_start()
-            .trim_start_matches("**");
-        let (op, list) = if let Some(r) = item.strip_prefix("Create:") {
-            (">", r)
-        } else if let Some(r) = item.strip_prefix("Modify:") {
-            (">>", r)
-        } else {
-            continue;
-        };
-        for p in list.trim_start_matches("**").split(',') {
-            let p = p.trim().trim_matches('`');
-            if p.is_empty() || p == "none" || p == "(none)" || p.contains('\'') {
-                continue;
-            }
-            let dir = std::path::Path::new(p)
-                .parent()
-                .map(|d| d.to_string_lossy().to_string())
-                .filter(|d| !d.is_empty())
-                .unwrap_or_else(|| ".".into());
-            cmds.push(format!("mkdir -p '{dir}' && echo {task} {op} '{p}'"));
-        }
+        let dir = std::path::Path::new(p)
+            .parent()
+            .map(|d| d.to_string_lossy().to_string())
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| ".".into());
+        cmds.push(format!("mkdir -p '{dir}' && echo {task} {op} '{p}'"));
     }
     if cmds.is_empty() {
         cmds.push("true".into());

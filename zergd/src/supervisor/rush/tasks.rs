@@ -74,18 +74,7 @@ impl Rush {
         // Task retries are part of the core, not of the resilience switch.
         if n <= max {
             let delay = backoff.jittered(n);
-            ts.status = TaskStatus::WaitingRetry;
-            ts.next_retry_at = Some(iso_millis(wall + delay));
-            ts.updated_at = iso_millis(wall);
-            self.rt_tasks.insert(
-                t.to_string(),
-                TaskRt {
-                    last_progress: now,
-                    last_output_ms: 0,
-                    last_step: None,
-                    retry_due: Some(now + delay),
-                },
-            );
+            self.wait_retry(t, delay, now, wall);
             self.event(
                 wall,
                 Source::Worker(w),
@@ -97,6 +86,24 @@ impl Rush {
         } else {
             self.fail_permanently(t, &format!("failed after {n} attempts: {why}"), wall);
         }
+    }
+
+    /// Puts task `t` in `waiting_retry`, due again after `delay`.
+    fn wait_retry(&mut self, t: &str, delay: Duration, now: Instant, wall: SystemTime) {
+        if let Some(ts) = self.doc.tasks.get_mut(t) {
+            ts.status = TaskStatus::WaitingRetry;
+            ts.next_retry_at = Some(iso_millis(wall + delay));
+            ts.updated_at = iso_millis(wall);
+        }
+        self.rt_tasks.insert(
+            t.to_string(),
+            TaskRt {
+                last_progress: now,
+                last_output_ms: 0,
+                last_step: None,
+                retry_due: Some(now + delay),
+            },
+        );
     }
 
     /// The agent CLI could not reach its API, after its own retries: not the task's fault.
@@ -119,18 +126,7 @@ impl Rush {
         ts.error = Some(format!("api_unreachable: {why}"));
         ts.lease_id = None;
         let delay = backoff.jittered(ts.unreachable);
-        ts.status = TaskStatus::WaitingRetry;
-        ts.next_retry_at = Some(iso_millis(wall + delay));
-        ts.updated_at = iso_millis(wall);
-        self.rt_tasks.insert(
-            t.to_string(),
-            TaskRt {
-                last_progress: now,
-                last_output_ms: 0,
-                last_step: None,
-                retry_due: Some(now + delay),
-            },
-        );
+        self.wait_retry(t, delay, now, wall);
         self.event(
             wall,
             Source::Worker(w),
