@@ -4,26 +4,13 @@
 //!
 //! Run with `cargo bench -p zerg-proto --features symbols --bench symbols`.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use zerg_proto::symbols::{self, Cache, Settings};
+use zerg_proto::testkit::git;
 
 const FILES_PER_LANGUAGE: usize = 100;
 const UNITS_PER_FILE: usize = 20;
-
-fn git(dir: &Path, args: &[&str]) {
-    let st = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=b", "-c", "user.email=b@zerg.invalid"])
-        .args(args)
-        .env_remove("GIT_DIR")
-        .status()
-        .expect("git runs");
-    assert!(st.success(), "git {args:?}");
-}
 
 /// One file of about 200 lines in `lang`; `v` varies its content.
 fn file(lang: &str, n: usize, v: usize) -> String {

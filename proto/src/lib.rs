@@ -14,11 +14,15 @@
 //! - `symbols` (cargo feature `symbols`, which zergd and zergctl enable and the worker agent
 //!   does not) is the repository symbol map: a tree-sitter index of a commit and the
 //!   `## Relevant Symbols` section of each task's prompt.
+//! - `testkit` (cargo feature `testkit`, for the tests of every crate) is what their tests
+//!   share: git with an explicit identity, waiting for a condition, skipping with a reason.
 
 pub mod contract;
 pub mod graph;
 #[cfg(feature = "symbols")]
 pub mod symbols;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod transport;
 
 /// Generated code for the `zerg.v1` package.

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use super::*;
 use crate::graph::Files;
+use crate::testkit::git;
 
 fn fixture(name: &str) -> &'static str {
     match name {
@@ -494,24 +495,6 @@ fn hostile_files_never_panic_and_stay_bounded() {
 }
 
 // === The index, from git ===
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@zerg.invalid"])
-        .args(args)
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn write(repo: &Path, path: &str, content: &[u8]) {
     let p = repo.join(path);

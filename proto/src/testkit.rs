@@ -1,0 +1,154 @@
+//! What the tests of every zerg crate share (cargo feature `testkit`, which the other crates
+//! enable in their dev-dependencies; zerg-proto's own tests have it too): git with an explicit
+//! identity, waiting for a condition, skipping a test that cannot run here (or failing it where
+//! it must run), and whether a Docker engine answers.
+//!
+//! The end-to-end toolkit of `zerg-tests` builds on it. Nothing in the binaries uses it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The name and email of every commit a test makes through [`git`].
+pub const IDENTITY: (&str, &str) = ("zerg test", "test@zerg.invalid");
+
+/// How often [`wait_until`] and [`poll`] look again.
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
+/// Runs `git -C dir ARGS` with [`IDENTITY`] as author and committer (given on the command
+/// line, so the machine's own identity, or its lack, plays no part) and returns its trimmed
+/// stdout; panics with its stderr when it fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            &format!("user.name={}", IDENTITY.0),
+            "-c",
+            &format!("user.email={}", IDENTITY.1),
+        ])
+        .args(args)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits until `ready` returns true, looking again every 50 ms. Panics naming `what` when
+/// `deadline` has passed first: the deadline only bounds a test that would otherwise hang, it
+/// is not a claim about how long anything takes.
+#[track_caller]
+pub fn wait_until(deadline: Duration, what: &str, ready: impl FnMut() -> bool) {
+    assert!(
+        poll(deadline, ready),
+        "timed out after {deadline:?} waiting for {what}"
+    );
+}
+
+/// [`wait_until`] for callers that describe the failure themselves: whether `ready` returned
+/// true before `deadline`.
+pub fn poll(deadline: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+}
+
+/// Whether this run must not skip a test: under CI (`CI=true`), which `.ci/run` sets up with
+/// everything the tests need.
+pub fn skipping_forbidden() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Skips the calling test because `why` (what it needs is missing here): prints
+/// `SKIPPED: <why>` on stderr, and the caller returns. Where skipping is forbidden
+/// ([`skipping_forbidden`]) it panics with the reason instead.
+#[track_caller]
+pub fn skip(why: &str) {
+    assert!(
+        !skipping_forbidden(),
+        "this test must run under CI (CI=true), but {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
+/// Whether a Docker engine answers `docker info`, the way `.ci/run` decides it; the reason
+/// when none does.
+pub fn docker_engine() -> Result<(), String> {
+    match Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "no Docker engine reachable (docker info: {})",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("no Docker engine reachable (cannot run docker: {e})")),
+    }
+}
+
+/// For a test that needs a Docker engine: true when one answers ([`docker_engine`]).
+/// Otherwise the test is skipped (false, with `SKIPPED: <reason>` printed), or fails when
+/// `ZERG_REQUIRE_DOCKER=1` (which `.ci/run` sets when the engine is there).
+#[track_caller]
+pub fn docker_or_skip() -> bool {
+    match docker_engine() {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(
+                std::env::var("ZERG_REQUIRE_DOCKER").as_deref() != Ok("1"),
+                "ZERG_REQUIRE_DOCKER=1 but {why}"
+            );
+            eprintln!("SKIPPED: {why} (container-mode tests need a Docker engine)");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn git_commits_with_the_explicit_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        git(dir.path(), &["init", "-q", "-b", "main"]);
+        git(dir.path(), &["commit", "-q", "--allow-empty", "-m", "one"]);
+        assert_eq!(
+            git(dir.path(), &["log", "-1", "--format=%an <%ae>|%cn <%ce>"]),
+            "zerg test <test@zerg.invalid>|zerg test <test@zerg.invalid>"
+        );
+    }
+
+    #[test]
+    fn wait_until_returns_once_ready_and_names_what_it_waited_for_otherwise() {
+        let mut n = 0;
+        wait_until(Duration::from_secs(60), "the third look", || {
+            n += 1;
+            n == 3
+        });
+        assert_eq!(n, 3);
+        let e = std::panic::catch_unwind(|| wait_until(Duration::ZERO, "godot", || false))
+            .unwrap_err();
+        let msg = e.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("waiting for godot"), "{msg}");
+    }
+}
