@@ -1,13 +1,19 @@
 //! Support code for zerg's end-to-end tests: scratch git repositories, a real zergd on a
 //! private Unix socket, zergctl invocations, and the standard task graphs.
 //!
+//! The toolkit every test uses: [`git`] with an explicit identity, [`wait_until`] (which names
+//! what it waited for when it gives up), [`Config`] (`.zerg/config.yaml` with typed overrides),
+//! [`running_worker`] ("which worker runs this task"), and [`skip`] / [`docker_or_skip`] (a
+//! skip prints why, and fails where the test must run). The zergd a test starts
+//! ([`Daemon::builder`]) has an empty home and no git identity unless the test asks for one.
+//!
 //! The binaries under test are the workspace's own (`zergd`, `zergctl`, `zerg-worker-agent`,
 //! `fake-claude`), taken from the cargo target directory: build them with
 //! `cargo build --workspace --bins` before running the tests (the README's test command does).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -35,27 +41,9 @@ pub fn bin(name: &str) -> PathBuf {
     bin_dir().join(name)
 }
 
-/// Runs git and returns stdout; panics with stderr on failure.
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args([
-            "-c",
-            "user.name=zerg test",
-            "-c",
-            "user.email=test@zerg.invalid",
-        ])
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+pub use zerg_proto::testkit::{
+    IDENTITY, docker_engine, docker_or_skip, git, poll, skip, skipping_forbidden, wait_until,
+};
 
 /// A scratch git repository with one commit on `main`.
 pub struct TestRepo {
@@ -128,15 +116,24 @@ impl TestRepo {
         self.commit_spec(feature);
     }
 
-    /// Writes `.zerg/config.yaml`: the fake agent, fast timeouts, plus `extra` YAML lines.
+    /// Writes `.zerg/config.yaml`: [`Config::fake_agent`] plus `extra` YAML lines (whole
+    /// sections, such as [`FAST_WORKERS`]). [`TestRepo::configure`] takes a [`Config`] instead.
     pub fn write_config(&self, extra: &str) {
+        let mut text = Config::fake_agent().yaml();
+        text.push_str(extra);
+        text.push('\n');
+        self.write_config_text(&text);
+    }
+
+    /// Writes `config` to `.zerg/config.yaml`.
+    pub fn configure(&self, config: &Config) {
+        self.write_config_text(&config.yaml());
+    }
+
+    /// Writes `text` to `.zerg/config.yaml` as it is (for a test of what zergd makes of a
+    /// file that is not what [`Config`] writes).
+    pub fn write_config_text(&self, text: &str) {
         std::fs::create_dir_all(self.path.join(".zerg")).expect("mkdir");
-        let fake = bin("fake-claude");
-        let text = format!(
-            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\"]\n  timeout_seconds: 120\n  env_passthrough: [\"FAKE_CLAUDE_*\"]\n{}\n",
-            fake.display(),
-            extra
-        );
         std::fs::write(self.path.join(".zerg/config.yaml"), text).expect("write config");
     }
 
@@ -207,20 +204,234 @@ pub const FAST_WORKERS: &str = "workers:
   usage_limit_margin_seconds: 0.5
 ";
 
-/// A zergd started for one test, on a private socket and state directory.
+/// A test's `.zerg/config.yaml`, built as data: start from [`Config::new`] (zergd's defaults)
+/// or [`Config::fake_agent`], change keys with [`Config::set`], write it with
+/// [`TestRepo::configure`]. No YAML is built or edited as text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config(Value);
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Config {
+    /// No key set: zergd's defaults for everything.
+    pub fn new() -> Config {
+        Config(Value::Object(Default::default()))
+    }
+
+    /// The fake agent CLI (`fake-claude --print --dangerously-skip-permissions`), a 120 s agent
+    /// timeout and `FAKE_CLAUDE_*` passed through to it: what [`TestRepo::write_config`] starts
+    /// from.
+    pub fn fake_agent() -> Config {
+        Config::new()
+            .agent_command(&[
+                &bin("fake-claude").to_string_lossy(),
+                "--print",
+                "--dangerously-skip-permissions",
+            ])
+            .set("agent.timeout_seconds", 120)
+            .set("agent.env_passthrough", ["FAKE_CLAUDE_*"])
+    }
+
+    /// With [`FAST_WORKERS`]' resilience settings.
+    pub fn fast_workers(self) -> Config {
+        self.merge_yaml(FAST_WORKERS)
+    }
+
+    /// With [`NOISY_GATE`] among the quality gates.
+    pub fn noisy_gate(self) -> Config {
+        self.gate("noisy-test", "seq 1 40000", true)
+    }
+
+    /// `agent.command`.
+    pub fn agent_command(self, argv: &[&str]) -> Config {
+        self.set("agent.command", argv)
+    }
+
+    /// Adds a quality gate (`quality_gates:`) with a 120 s timeout.
+    pub fn gate(mut self, name: &str, command: &str, required: bool) -> Config {
+        let gates = self.slot("quality_gates");
+        if !gates.is_array() {
+            *gates = Value::Array(vec![]);
+        }
+        gates
+            .as_array_mut()
+            .expect("an array")
+            .push(serde_json::json!(
+                {"name": name, "command": command, "required": required, "timeout": 120}
+            ));
+        self
+    }
+
+    /// Sets the key at `path` (dotted, such as `workers.retry_attempts`) to `value`, making
+    /// the sections on the way.
+    pub fn set(mut self, path: &str, value: impl serde::Serialize) -> Config {
+        *self.slot(path) = serde_json::to_value(value).expect("a value JSON can hold");
+        self
+    }
+
+    /// Removes the key at `path` (dotted), so zergd's default applies.
+    pub fn unset(mut self, path: &str) -> Config {
+        let (section, key) = path.rsplit_once('.').unwrap_or(("", path));
+        let parent = if section.is_empty() {
+            &mut self.0
+        } else {
+            self.slot(section)
+        };
+        if let Some(m) = parent.as_object_mut() {
+            m.remove(key);
+        }
+        self
+    }
+
+    /// The value at `path` (dotted), `Null` when unset.
+    pub fn get(&self, path: &str) -> &Value {
+        path.split('.')
+            .try_fold(&self.0, |v, k| v.get(k))
+            .unwrap_or(&Value::Null)
+    }
+
+    /// The YAML text.
+    pub fn yaml(&self) -> String {
+        serde_yaml::to_string(&self.0).expect("YAML")
+    }
+
+    /// The slot at a dotted path, made (as an empty section) where missing.
+    fn slot(&mut self, path: &str) -> &mut Value {
+        path.split('.').fold(&mut self.0, |v, k| {
+            if !v.is_object() {
+                *v = Value::Object(Default::default());
+            }
+            v.as_object_mut()
+                .expect("a section")
+                .entry(k)
+                .or_insert(Value::Null)
+        })
+    }
+
+    /// Merges a YAML document of settings in, key by key (sections recursively).
+    fn merge_yaml(mut self, yaml: &str) -> Config {
+        fn merge(into: &mut Value, from: Value) {
+            match (into, from) {
+                (Value::Object(a), Value::Object(b)) => {
+                    for (k, v) in b {
+                        merge(a.entry(k).or_insert(Value::Null), v);
+                    }
+                }
+                (slot, v) => *slot = v,
+            }
+        }
+        let doc: Value = serde_yaml::from_str(yaml).expect("settings in YAML");
+        merge(&mut self.0, doc);
+        self
+    }
+}
+
+/// How a test's zergd is started: [`Daemon::builder`].
+#[derive(Debug, Default)]
+pub struct DaemonBuilder {
+    env: Vec<(String, String)>,
+    unset: Vec<String>,
+    git_identity: bool,
+}
+
+impl DaemonBuilder {
+    /// One more variable in zergd's environment; an empty value removes it.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> DaemonBuilder {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Variables for zergd's environment, as [`DaemonBuilder::env`] takes them one by one.
+    pub fn envs(mut self, vars: Vec<(String, String)>) -> DaemonBuilder {
+        self.env.extend(vars);
+        self
+    }
+
+    /// A variable of the tests' own environment that zergd does not inherit.
+    pub fn unset(mut self, key: impl Into<String>) -> DaemonBuilder {
+        self.unset.push(key.into());
+        self
+    }
+
+    /// Gives git a commit identity in zergd's home ([`IDENTITY`] as `user.name` and
+    /// `user.email` in its `.gitconfig`), for a test about what happens where git has one. By
+    /// default it has none, as on a fresh machine.
+    pub fn git_identity(mut self) -> DaemonBuilder {
+        self.git_identity = true;
+        self
+    }
+
+    /// Starts zergd and waits until it answers.
+    pub fn start(self) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("zergd-")
+            .tempdir()
+            .expect("tempdir");
+        let socket = dir.path().join("run").join("zergd.sock");
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join(".config")).expect("mkdir home");
+        if self.git_identity {
+            std::fs::write(
+                home.join(".gitconfig"),
+                format!(
+                    "[user]\n\tname = {}\n\temail = {}\n",
+                    IDENTITY.0, IDENTITY.1
+                ),
+            )
+            .expect("write .gitconfig");
+        }
+        let mut d = Daemon {
+            child: None,
+            dir,
+            socket,
+            home,
+            env: self.env,
+            unset: self.unset,
+        };
+        d.spawn();
+        d
+    }
+}
+
+/// Variables through which git would find an identity or a configuration outside the empty
+/// home a test's zergd runs with; zergd and zergctl never inherit them.
+const GIT_IDENTITY_VARS: &[&str] = &[
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    "EMAIL",
+    "XDG_CONFIG_DIRS",
+];
+
+/// A zergd started for one test, on a private socket and state directory, with a home of its
+/// own (empty, with no git identity unless [`DaemonBuilder::git_identity`]).
 pub struct Daemon {
     child: Option<Child>,
     dir: tempfile::TempDir,
     /// Control socket.
     pub socket: PathBuf,
+    /// zergd's `HOME` (and, under `.config`, its `XDG_CONFIG_HOME`); zergctl runs with it too.
+    pub home: PathBuf,
     env: Vec<(String, String)>,
     unset: Vec<String>,
 }
 
 impl Daemon {
+    /// How to start zergd: with more variables in its environment, fewer, or a git identity.
+    pub fn builder() -> DaemonBuilder {
+        DaemonBuilder::default()
+    }
+
     /// Starts zergd and waits until it answers.
     pub fn start() -> Daemon {
-        Self::start_with_env(vec![])
+        Self::builder().start()
     }
 
     /// Starts zergd with extra environment variables; an empty value removes the variable from
@@ -228,25 +439,27 @@ impl Daemon {
     /// `IS_SANDBOX=1` (which lets the agent command hold `--dangerously-skip-permissions` when
     /// the tests run as root) unless `env` names it.
     pub fn start_with_env(env: Vec<(String, String)>) -> Daemon {
-        Self::start_with(env, vec![])
+        Self::builder().envs(env).start()
     }
 
     /// Starts zergd with extra environment variables and without the ones named in `unset`.
     pub fn start_with(env: Vec<(String, String)>, unset: Vec<String>) -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("zergd-")
-            .tempdir()
-            .expect("tempdir");
-        let socket = dir.path().join("run").join("zergd.sock");
-        let mut d = Daemon {
-            child: None,
-            dir,
-            socket,
-            env,
-            unset,
-        };
-        d.spawn();
-        d
+        let mut b = Self::builder().envs(env);
+        for k in unset {
+            b = b.unset(k);
+        }
+        b.start()
+    }
+
+    /// The environment every zergd and zergctl of this test starts from: its own empty home,
+    /// and git without system config or identity.
+    fn isolate(&self, cmd: &mut Command) {
+        for k in GIT_IDENTITY_VARS {
+            cmd.env_remove(k);
+        }
+        cmd.env("HOME", &self.home)
+            .env("XDG_CONFIG_HOME", self.home.join(".config"))
+            .env("GIT_CONFIG_NOSYSTEM", "1");
     }
 
     fn spawn(&mut self) {
@@ -256,6 +469,7 @@ impl Daemon {
             .open(self.dir.path().join("zergd.log"))
             .expect("log");
         let mut cmd = Command::new(bin("zergd"));
+        self.isolate(&mut cmd);
         // What the test unsets goes first: what it sets wins.
         for k in &self.unset {
             cmd.env_remove(k);
@@ -282,18 +496,15 @@ impl Daemon {
             .spawn()
             .expect("zergd starts");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.ctl(&["list"]).status.success() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if !poll(Duration::from_secs(20), || {
+            self.ctl(&["list"]).status.success()
+        }) {
+            panic!(
+                "zergd did not answer on {}; log:\n{}",
+                self.socket.display(),
+                self.log()
+            );
         }
-        panic!(
-            "zergd did not answer on {}; log:\n{}",
-            self.socket.display(),
-            self.log()
-        );
     }
 
     /// zergd's own log.
@@ -344,8 +555,9 @@ impl Daemon {
 
     /// Runs zergctl against this daemon.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("zergctl"))
-            .args(args)
+        let mut cmd = Command::new(bin("zergctl"));
+        self.isolate(&mut cmd);
+        cmd.args(args)
             .env("ZERG_SOCKET", &self.socket)
             .stdin(Stdio::null())
             .output()
@@ -354,8 +566,9 @@ impl Daemon {
 
     /// Runs zergctl in a repository.
     pub fn ctl_in(&self, repo: &Path, args: &[&str]) -> Output {
-        Command::new(bin("zergctl"))
-            .args(args)
+        let mut cmd = Command::new(bin("zergctl"));
+        self.isolate(&mut cmd);
+        cmd.args(args)
             .current_dir(repo)
             .env("ZERG_SOCKET", &self.socket)
             .stdin(Stdio::null())
@@ -383,22 +596,27 @@ impl Daemon {
         what: &str,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = Instant::now() + timeout;
         let mut last = None;
-        while Instant::now() < deadline {
-            if let Some(st) = self.status(repo, feature) {
-                if pred(&st) {
-                    return st;
-                }
-                last = Some(st);
+        let mut found = None;
+        let ready = poll(timeout, || match self.status(repo, feature) {
+            Some(st) if pred(&st) => {
+                found = Some(st);
+                true
             }
-            std::thread::sleep(Duration::from_millis(100));
+            Some(st) => {
+                last = Some(st);
+                false
+            }
+            None => false,
+        });
+        match found {
+            Some(st) if ready => st,
+            _ => panic!(
+                "timed out waiting for {what}; last status:\n{}\nzergd log:\n{}",
+                serde_json::to_string_pretty(&last).unwrap_or_default(),
+                self.log()
+            ),
         }
-        panic!(
-            "timed out waiting for {what}; last status:\n{}\nzergd log:\n{}",
-            serde_json::to_string_pretty(&last).unwrap_or_default(),
-            self.log()
-        );
     }
 
     /// Waits until the rush reaches a terminal state and returns the status.
@@ -434,6 +652,33 @@ pub fn worker_pids(status: &Value) -> Vec<i32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A worker that is running a task, from a status document ([`running_worker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningWorker {
+    /// The worker's id (its key in `workers`).
+    pub id: String,
+    /// Its process (subprocess mode).
+    pub pid: Option<i32>,
+    /// Its container (container mode).
+    pub container_id: Option<String>,
+}
+
+/// The worker running `task`: the one whose `current_task` it is, in status `running`.
+pub fn running_worker(status: &Value, task: &str) -> Option<RunningWorker> {
+    let (id, w) = status["workers"]
+        .as_object()?
+        .iter()
+        .find(|(_, w)| w["current_task"] == task && w["status"] == "running")?;
+    Some(RunningWorker {
+        id: id.clone(),
+        pid: w["pid"].as_i64().and_then(|p| i32::try_from(p).ok()),
+        container_id: w["container_id"]
+            .as_str()
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
+    })
 }
 
 /// Whether a process exists (and is not a zombie).
@@ -723,4 +968,32 @@ pub fn owned_files(prompt: &str) -> (Vec<String>, Vec<String>) {
         }
     }
     (create, modify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What [`Config`] writes is a config zergd reads without a warning, with the values set.
+    #[test]
+    fn a_config_with_overrides_is_what_zergd_reads() {
+        let c = Config::fake_agent()
+            .fast_workers()
+            .noisy_gate()
+            .set("workers.retry_attempts", 0)
+            .unset("workers.heartbeat_stale_threshold");
+        let (parsed, warnings) =
+            zergd::config::Config::parse(&c.yaml(), "config.yaml").expect("a valid config");
+        assert!(warnings.is_empty(), "{warnings:?}\n{}", c.yaml());
+        assert_eq!(parsed.workers.retry_attempts, 0);
+        assert_eq!(
+            parsed.workers.heartbeat_interval_seconds,
+            Duration::from_millis(200)
+        );
+        assert_eq!(parsed.quality_gates.len(), 1);
+        assert_eq!(parsed.quality_gates[0].command, "seq 1 40000");
+        assert!(parsed.agent.command[0].ends_with("fake-claude"));
+        assert_eq!(c.get("workers.retry_attempts"), 0);
+        assert!(c.get("workers.heartbeat_stale_threshold").is_null());
+    }
 }
