@@ -21,13 +21,15 @@
 //! - `529`: HTTP 529 `overloaded_error`.
 //!
 //! `--until EPOCH_SECONDS` makes the mode hold only until then; `ok` answers after it. That is
-//! a usage limit that resets. Every request is logged to stderr as one line.
+//! a usage limit that resets. `--for SECONDS` does the same for SECONDS from the first Messages
+//! request, so the window opens when the client gets there, however long it took to start.
+//! Every request is logged to stderr as one line.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -44,6 +46,10 @@ enum Mode {
 struct Server {
     mode: Mode,
     until: Option<u64>,
+    /// `--for`: how long the mode holds from the first Messages request.
+    hold_for: Option<u64>,
+    /// When a `--for` hold ends, once the first Messages request has set it.
+    hold_end: OnceLock<u64>,
     next_id: AtomicU64,
 }
 
@@ -56,6 +62,7 @@ fn now_s() -> u64 {
 fn main() -> ExitCode {
     let mut mode = Mode::Ok;
     let mut until = None;
+    let mut hold_for = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -81,6 +88,14 @@ fn main() -> ExitCode {
                 until = Some(t);
                 i += 2;
             }
+            ("--for", Some(t)) => {
+                let Ok(t) = t.parse::<u64>() else {
+                    eprintln!("messages-api: --for takes seconds, not {t:?}");
+                    return ExitCode::from(2);
+                };
+                hold_for = Some(t);
+                i += 2;
+            }
             (other, _) => {
                 eprintln!("messages-api: unknown argument {other:?}");
                 return ExitCode::from(2);
@@ -100,6 +115,8 @@ fn main() -> ExitCode {
     let server = Arc::new(Server {
         mode,
         until,
+        hold_for,
+        hold_end: OnceLock::new(),
         next_id: AtomicU64::new(1),
     });
     for stream in listener.incoming().flatten() {
@@ -177,7 +194,13 @@ impl Server {
             return Ok(());
         };
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-        let mode = match self.until {
+        let messages = req.method == "POST" && req.path.starts_with("/v1/messages");
+        let until = match self.hold_for {
+            Some(secs) if messages => Some(*self.hold_end.get_or_init(|| now_s() + secs)),
+            Some(_) => self.hold_end.get().copied(),
+            None => self.until,
+        };
+        let mode = match until {
             Some(t) if now_s() >= t => Mode::Ok,
             _ => self.mode,
         };
@@ -196,7 +219,7 @@ impl Server {
         if req.path.starts_with("/v1/messages/count_tokens") {
             return respond(&mut w, 200, &[], &json!({"input_tokens": 1000}));
         }
-        let reset = self.until.unwrap_or_else(|| now_s() + 3600);
+        let reset = until.unwrap_or_else(|| now_s() + 3600);
         match mode {
             Mode::RateLimited => respond(
                 &mut w,

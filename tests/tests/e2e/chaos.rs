@@ -1,9 +1,12 @@
 //! Chaos tests (FR-1 to FR-6, FR-8): a rush with nobody watching must finish, with every
 //! task completed and every Task-ID on staging exactly once.
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, poll as poll_fds};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -85,30 +88,30 @@ fn check_monitor_log(repo: &Path) {
     }
 }
 
+/// The fake agent CLI's path.
+fn fake_claude() -> String {
+    bin("fake-claude").to_string_lossy().into_owned()
+}
+
+/// The Codex profile with the fake Codex CLI.
+fn codex_config() -> Config {
+    Config::new()
+        .set("agent.profile", "codex")
+        .agent_command(&[&bin("fake-codex").to_string_lossy(), "exec", "--json"])
+        .set("agent.timeout_seconds", 120)
+}
+
 fn monitor(repo: &TestRepo) -> String {
     std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap_or_default()
 }
 
-/// The pid of the worker currently running `task`.
-fn worker_running(st: &Value, task: &str) -> Option<i32> {
-    st["workers"]
-        .as_object()?
-        .values()
-        .find(|w| w["current_task"] == task && w["status"] == "running")
-        .and_then(|w| w["pid"].as_i64())
-        .map(|p| p as i32)
+/// The pid of the worker running `task`.
+fn pid_running(st: &Value, task: &str) -> Option<i32> {
+    running_worker(st, task)?.pid
 }
 
 fn wait_file(path: &Path) {
-    let deadline = Instant::now() + T;
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(T, &path.display().to_string(), || path.exists());
 }
 
 #[test]
@@ -116,7 +119,7 @@ fn kill_9_of_a_worker_agent_mid_task_requeues_its_task() {
     let repo = TestRepo::new();
     let signal = repo.path.parent().unwrap().join("mid-task");
     repo.write_graph("k9", &graph_12("k9"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script(
         "k9",
         &json!({"tasks": {"G-L2-002": {"attempts": [
@@ -132,9 +135,9 @@ fn kill_9_of_a_worker_agent_mid_task_requeues_its_task() {
     );
     wait_file(&signal);
     let st = d.wait_for(&repo.path, "k9", T, "G-L2-002 running", |s| {
-        worker_running(s, "G-L2-002").is_some()
+        pid_running(s, "G-L2-002").is_some()
     });
-    let pid = worker_running(&st, "G-L2-002").unwrap();
+    let pid = pid_running(&st, "G-L2-002").unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
 
     let st = assert_complete_exactly_once(&d, &repo, "k9");
@@ -152,7 +155,7 @@ fn kill_9_of_a_worker_agent_mid_task_requeues_its_task() {
 fn kill_9_of_zergd_twice_mid_rush_then_restart() {
     let repo = TestRepo::new();
     repo.write_graph("zk", &graph_12("zk"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // Every task takes a while and prints as it goes.
     repo.write_script("zk", &json!({"default": [{"op": "tick", "count": 6, "interval_ms": 100}, {"op": "write_owned"}]}));
     let mut d = Daemon::start();
@@ -201,7 +204,7 @@ fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
     let repo = TestRepo::new();
     let signal = repo.path.parent().unwrap().join("stopped");
     repo.write_graph("ss", &graph_12("ss"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script("ss", &json!({"tasks": {"G-L1-003": {"attempts": [
         [{"op": "touch", "path": signal}, {"op": "tick", "count": 100, "interval_ms": 50}, {"op": "write_owned"}],
         [{"op": "write_owned"}]
@@ -214,9 +217,9 @@ fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
     );
     wait_file(&signal);
     let st = d.wait_for(&repo.path, "ss", T, "G-L1-003 running", |s| {
-        worker_running(s, "G-L1-003").is_some()
+        pid_running(s, "G-L1-003").is_some()
     });
-    let pid = worker_running(&st, "G-L1-003").unwrap();
+    let pid = pid_running(&st, "G-L1-003").unwrap();
     killpg(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
     // Past the stale threshold (4 s), zergd declares the worker stale and reassigns its task.
     d.wait_for(&repo.path, "ss", T, "stale detection", |s| {
@@ -233,7 +236,7 @@ fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
 fn a_spawn_that_fails_twice_then_succeeds() {
     let repo = TestRepo::new();
     repo.write_graph("sp", &graph_12("sp"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let dir = repo.path.parent().unwrap();
     let counter = dir.join("spawn-count");
     let wrapper = dir.join("flaky-agent.sh");
@@ -270,7 +273,7 @@ fn a_spawn_that_fails_twice_then_succeeds() {
 fn spawns_that_always_fail_end_the_rush_with_an_actionable_error() {
     let repo = TestRepo::new();
     repo.write_graph("nf", &graph_12("nf"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let d = Daemon::start_with_env(vec![(
         "ZERG_WORKER_AGENT_BIN".into(),
         "/nonexistent/zerg-worker-agent".into(),
@@ -295,7 +298,7 @@ fn spawns_that_always_fail_end_the_rush_with_an_actionable_error() {
 fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
     let repo = TestRepo::new();
     repo.write_graph("hang", &graph_12("hang"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script(
         "hang",
         &json!({"tasks": {"G-L1-001": {"attempts": [[{"op": "hang"}], [{"op": "write_owned"}]]}}}),
@@ -319,7 +322,11 @@ fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
 fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() {
     let repo = TestRepo::new();
     repo.write_graph("rl", &graph_12("rl"));
-    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 0\n"));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
     repo.write_script("rl", &json!({"tasks": {"G-L1-002": {"attempts": [[{"op": "rate_limit", "reset_in_secs": 2}], [{"op": "write_owned"}]]}}}));
     let d = Daemon::start();
     assert!(
@@ -327,6 +334,7 @@ fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() 
             .status
             .success()
     );
+    // While the hold lasts, status says until when, in JSON and in its text.
     let st = d.wait_for(&repo.path, "rl", T, "rate-limited status", |s| {
         s["rate_limited_until"]
             .as_str()
@@ -337,10 +345,15 @@ fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() 
         !st["rate_limited_until"].as_str().unwrap_or("").is_empty(),
         "{st}"
     );
-    let text = String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "rl"]).stdout).to_string();
+    let mut text = String::new();
+    let held = poll(T, || {
+        text = String::from_utf8_lossy(&d.ctl_in(&repo.path, &["status", "rl"]).stdout).to_string();
+        text.contains("usage limit until") || text.contains("[COMPLETE]")
+    });
+    let line = text.lines().find(|l| l.contains("usage limit until"));
     assert!(
-        text.contains("usage limit until") || text.contains("COMPLETE"),
-        "{text}"
+        held && line.is_some_and(|l| l.contains(" UTC")),
+        "status shows no usage-limit hold:\n{text}"
     );
     // With retry_attempts 0 a counted failure would fail the rush: the rate limit must not count.
     let st = assert_complete_exactly_once(&d, &repo, "rl");
@@ -352,12 +365,11 @@ fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() 
 fn a_missing_agent_cli_blocks_workers_with_a_clear_reason() {
     let repo = TestRepo::new();
     repo.write_graph("miss", &graph_12("miss"));
-    repo.write_config(FAST_WORKERS);
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!("agent:\n  command: [\"/nonexistent/claude\", \"--print\"]\n{FAST_WORKERS}"),
-    )
-    .unwrap();
+    repo.configure(
+        &Config::new()
+            .agent_command(&["/nonexistent/claude", "--print"])
+            .fast_workers(),
+    );
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "miss", "--workers", "2"]);
     assert_eq!(out.status.code(), Some(1));
@@ -381,16 +393,18 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
     let repo = TestRepo::new();
     repo.write_graph("linger", &graph_12("linger"));
     // The stale watchdog is far away: only the result-event grace can end the hung CLI in time.
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  command: [\"{}\", \"--print\", \"--output-format\", \"stream-json\", \"--verbose\"]\n{}  task_stale_timeout_seconds: 120\n",
-            bin("fake-claude").display(),
-            FAST_WORKERS.replace("  task_stale_timeout_seconds: 5\n", "")
-        ),
-    )
-    .unwrap();
+    repo.configure(
+        &Config::new()
+            .agent_command(&[
+                &fake_claude(),
+                "--print",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+            ])
+            .fast_workers()
+            .set("workers.task_stale_timeout_seconds", 120),
+    );
     repo.write_script("linger", &json!({"tasks": {"G-L1-004": [{"op": "write_owned"}, {"op": "stream_json"}, {"op": "hang"}]}}));
     let d = Daemon::start();
     assert!(
@@ -429,7 +443,7 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
 fn a_checkpoint_exit_resumes_the_task_from_its_wip_commit() {
     let repo = TestRepo::new();
     repo.write_graph("cp", &graph_12("cp"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // Attempt 1 writes the files, then checkpoints; attempt 2 writes nothing and relies on the
     // checkpoint's changes being restored (the verification needs the file).
     repo.write_script("cp", &json!({"tasks": {"G-L1-003": {"attempts": [
@@ -464,7 +478,7 @@ fn a_checkpoint_exit_resumes_the_task_from_its_wip_commit() {
 fn a_state_file_torn_while_zergd_was_down_resumes_from_its_backup() {
     let repo = TestRepo::new();
     repo.write_graph("zb", &graph_12("zb"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script("zb", &json!({"default": [{"op": "tick", "count": 4, "interval_ms": 100}, {"op": "write_owned"}]}));
     let mut d = Daemon::start();
     assert!(
@@ -505,7 +519,7 @@ fn a_state_file_torn_while_zergd_was_down_resumes_from_its_backup() {
 fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_workers() {
     let repo = TestRepo::new();
     repo.write_graph("zt", &graph_12("zt"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script("zt", &json!({"default": [{"op": "tick", "count": 6, "interval_ms": 100}, {"op": "write_owned"}]}));
     let mut d = Daemon::start();
     assert!(
@@ -513,15 +527,18 @@ fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_worke
             .status
             .success()
     );
-    let st = d.wait_for(&repo.path, "zt", T, "a worker running a task", |s| {
-        !tasks_with(s, "in_progress").is_empty() && !tasks_with(s, "complete").is_empty()
-    });
-    let running: Vec<i32> = ["0", "1", "2"]
-        .iter()
-        .filter_map(|w| st["workers"][w]["pid"].as_i64())
-        .map(|p| p as i32)
-        .collect();
-    assert!(!running.is_empty(), "{st}");
+    let st = d.wait_for(
+        &repo.path,
+        "zt",
+        T,
+        "three workers, one running a task",
+        |s| {
+            worker_pids(s).len() == 3
+                && !tasks_with(s, "in_progress").is_empty()
+                && !tasks_with(s, "complete").is_empty()
+        },
+    );
+    let running = worker_pids(&st);
     let status = d.sigterm();
     assert!(
         status.success(),
@@ -539,12 +556,12 @@ fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_worke
         file_log.contains("SIGTERM") && !file_log.contains('\x1b'),
         "{file_log}"
     );
-    // Workers are left running (adoptable), not killed with zergd.
-    let alive = running
-        .iter()
-        .filter(|p| kill(Pid::from_raw(**p), None).is_ok())
-        .count();
-    assert!(alive >= 1, "no worker survived zergd's SIGTERM");
+    // Every worker is left running (adoptable), not killed with zergd.
+    let killed: Vec<&i32> = running.iter().filter(|p| !alive(**p)).collect();
+    assert!(
+        killed.is_empty(),
+        "workers {killed:?} of {running:?} did not survive zergd's SIGTERM"
+    );
     d.restart();
     assert_complete_exactly_once(&d, &repo, "zt");
     let log = monitor(&repo);
@@ -558,7 +575,7 @@ fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
     // Many short levels: the state file is written whole at the start of every one, and the
     // journal holds what happens in between.
     repo.write_graph("zc", &graph_wide("zc", 10, 20));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script("zc", &json!({"default": [{"op": "write_owned"}]}));
     let mut d = Daemon::start();
     assert!(
@@ -574,26 +591,42 @@ fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().starts_with(".zc.json.tmp-"))
     };
-    // Kill zergd the moment a whole write of the state file is under way; a temp file still
-    // there after the kill proves the write was cut off in the middle.
+    // Kill zergd the moment a whole write of the state file begins: inotify reports the temp
+    // file's creation, and until then the test sleeps in poll(2), leaving the cores to zergd. A
+    // temp file still there after the kill proves the write was cut off in the middle.
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+    ino.add_watch(&dir, AddWatchFlags::IN_CREATE).unwrap();
+    // Reads every pending event: whether one was the creation of a temp file of zc.json.
+    let write_began = |ino: &Inotify| {
+        let mut began = false;
+        while let Ok(events) = ino.read_events() {
+            began |= events.iter().any(|e| {
+                e.name
+                    .as_ref()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(".zc.json.tmp-"))
+            });
+        }
+        began
+    };
     let (mut cut, mut kills) = (0, 0);
     let started = Instant::now();
-    let mut checked = Instant::now();
     while cut < 2 && kills < 30 && started.elapsed() < T {
-        if writing() {
+        let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+        let ready = poll_fds(&mut fds, 250u16).unwrap_or(0) > 0;
+        if ready && write_began(&ino) {
             d.kill9();
             kills += 1;
             if writing() {
                 cut += 1;
             }
             d.restart();
-        } else if checked.elapsed() > Duration::from_millis(250) {
-            checked = Instant::now();
-            if d.status(&repo.path, "zc")
+            // What happened while zergd restarted is past: wait for the next write.
+            write_began(&ino);
+        } else if !ready
+            && d.status(&repo.path, "zc")
                 .is_some_and(|s| s["state"] != "running")
-            {
-                break;
-            }
+        {
+            break;
         }
     }
     assert!(
@@ -624,15 +657,20 @@ fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
 fn todays_usage_limit_forms_each_hold_the_rush_without_counting_an_attempt() {
     let repo = TestRepo::new();
     repo.write_graph("forms", &graph_12("forms"));
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  command: [\"{}\", \"--print\", \"--dangerously-skip-permissions\", \"--output-format\", \"stream-json\", \"--verbose\"]\n  timeout_seconds: 120\n{FAST_WORKERS}  retry_attempts: 0\n",
-            bin("fake-claude").display()
-        ),
-    )
-    .unwrap();
+    repo.configure(
+        &Config::new()
+            .agent_command(&[
+                &fake_claude(),
+                "--print",
+                "--dangerously-skip-permissions",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+            ])
+            .set("agent.timeout_seconds", 120)
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
     let limited = |form: &str| {
         json!({"attempts": [
             [{"op": "rate_limit", "reset_in_secs": 1, "form": form}],
@@ -683,15 +721,19 @@ fn todays_usage_limit_forms_each_hold_the_rush_without_counting_an_attempt() {
 fn a_rush_pauses_at_its_budget_and_retry_with_a_higher_one_finishes_it() {
     let repo = TestRepo::new();
     repo.write_graph("budget", &graph_12("budget"));
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  command: [\"{}\", \"--print\", \"--output-format\", \"stream-json\", \"--verbose\"]\n  timeout_seconds: 120\n{FAST_WORKERS}budget:\n  max_usd: 100\n",
-            bin("fake-claude").display()
-        ),
-    )
-    .unwrap();
+    repo.configure(
+        &Config::new()
+            .agent_command(&[
+                &fake_claude(),
+                "--print",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+            ])
+            .set("agent.timeout_seconds", 120)
+            .fast_workers()
+            .set("budget.max_usd", 100),
+    );
     let d = Daemon::start();
     // Each run costs 0.01: the flag's budget (over the config's) runs out after three tasks.
     assert!(
@@ -739,15 +781,7 @@ fn a_rush_pauses_at_its_budget_and_retry_with_a_higher_one_finishes_it() {
 fn the_codex_profile_reads_codex_events_for_tokens_and_failed_turns() {
     let repo = TestRepo::new();
     repo.write_graph("codex", &graph_12("codex"));
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n{FAST_WORKERS}",
-            bin("fake-codex").display()
-        ),
-    )
-    .unwrap();
+    repo.configure(&codex_config().fast_workers());
     let d = Daemon::start();
     assert!(
         d.ctl_in(&repo.path, &["rush", "codex", "--workers", "2", "--detach"])
@@ -767,15 +801,12 @@ fn the_codex_profile_reads_codex_events_for_tokens_and_failed_turns() {
 fn a_failed_codex_turn_with_a_usage_limit_holds_the_rush() {
     let repo = TestRepo::new();
     repo.write_graph("cdxl", &graph_12("cdxl"));
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  profile: codex\n  command: [\"{}\", \"exec\", \"--json\"]\n  timeout_seconds: 120\n  env_passthrough: [FAKE_CODEX_FAIL]\n{FAST_WORKERS}  retry_attempts: 0\n",
-            bin("fake-codex").display()
-        ),
-    )
-    .unwrap();
+    repo.configure(
+        &codex_config()
+            .set("agent.env_passthrough", ["FAKE_CODEX_FAIL"])
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
     let d = Daemon::start_with_env(vec![(
         "FAKE_CODEX_FAIL".into(),
         "You've hit your usage limit. Upgrade or try again later.".into(),

@@ -82,7 +82,11 @@ fn every_zergctl_command_against_a_live_zergd() {
         repo.write_graph("cli", &graph_12("cli"));
         // One retry: two failed attempts fail the task for good; the attempt after `retry`
         // (the third) succeeds.
-        repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 1\n"));
+        repo.configure(
+            &Config::fake_agent()
+                .fast_workers()
+                .set("workers.retry_attempts", 1),
+        );
         let fail = json!([{"op": "exit", "code": 1}]);
         repo.write_script(
             "cli",
@@ -111,7 +115,23 @@ fn every_zergctl_command_against_a_live_zergd() {
         let logs = run(&["logs", "cli", "--tail", "2"]);
         assert!(logs.status.success());
         let text = String::from_utf8_lossy(&logs.stdout);
-        assert!(text.lines().all(|l| l.starts_with("[W")), "{text}");
+        // Each worker's last two lines as its log file has them, prefixed with its number.
+        for w in 0..2 {
+            let file = repo.path.join(format!(".zerg/logs/worker-{w}.log"));
+            let kept = std::fs::read_to_string(&file).unwrap();
+            let kept: Vec<&str> = kept.lines().collect();
+            assert!(kept.len() >= 2, "{}: {kept:?}", file.display());
+            let want: Vec<String> = kept[kept.len() - 2..]
+                .iter()
+                .map(|l| format!("[W{w}] {l}"))
+                .collect();
+            let shown: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("[W{w}] ")))
+                .collect();
+            assert_eq!(shown, want, "logs --tail 2 of worker {w}:\n{text}");
+        }
+        assert_eq!(text.lines().count(), 4, "two lines per worker:\n{text}");
 
         insta::assert_snapshot!("retry", shown(&run(&["retry", "cli"])));
         let st = d.wait_end(&repo.path, "cli", T);

@@ -13,73 +13,55 @@ use zerg_tests::*;
 pub(crate) const T: Duration = Duration::from_secs(240);
 pub(crate) const IMAGE: &str = "zerg-worker:e2e";
 
-/// Container tests exercise crashes and restarts, not staleness: lenient heartbeat limits keep
-/// a loaded machine from adding false stale detections.
-pub(crate) const CONTAINER_WORKERS: &str = "workers:
-  heartbeat_interval_seconds: 0.5
-  heartbeat_stale_threshold: 15
-  task_stale_timeout_seconds: 30
-  backoff_base_seconds: 0.1
-  backoff_max_seconds: 0.5
-  spawn_backoff_base_seconds: 0.1
-  spawn_backoff_max_seconds: 0.5
-  stop_grace_seconds: 1
-  spawn_ready_timeout_seconds: 60
-";
-
 /// Builds the test image once (offline: host binaries plus the fake agent CLI; cached by the
-/// builder). Returns false when no engine is reachable and skipping is allowed.
+/// builder). Returns false when no engine answers `docker info` and skipping is allowed
+/// ([`docker_or_skip`]).
 pub(crate) fn docker_ready() -> bool {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let r = READY.get_or_init(|| {
-        let info = Command::new("docker")
-            .args(["info", "--format", "{{.ServerVersion}}"])
-            .output();
-        match info {
-            Ok(o) if o.status.success() => {}
-            _ => return Err("no Docker engine reachable".into()),
-        }
+    static BUILT: OnceLock<()> = OnceLock::new();
+    if !docker_or_skip() {
+        return false;
+    }
+    BUILT.get_or_init(|| {
         let out = Command::new(bin("zergctl"))
             .args(["image", "build", "--offline", "--tag", IMAGE, "--with"])
             .arg(bin("fake-claude"))
             .arg("--agent")
             .arg(bin("zerg-worker-agent"))
             .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            panic!(
-                "zergctl image build failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
+            .expect("zergctl runs");
+        assert!(
+            out.status.success(),
+            "zergctl image build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     });
-    match r {
-        Ok(()) => true,
-        Err(why) if std::env::var("ZERG_REQUIRE_DOCKER").as_deref() == Ok("1") => {
-            panic!("ZERG_REQUIRE_DOCKER=1 but {why}")
-        }
-        Err(why) => {
-            eprintln!("skipping: {why} (container-mode tests need a Docker engine)");
-            false
-        }
-    }
+    true
 }
 
+/// The config of a container rush: the image's fake agent CLI, `image`, small resource limits,
+/// and lenient heartbeat limits (container tests exercise crashes and restarts, not staleness,
+/// and a loaded machine must not add false stale detections).
+pub(crate) fn container_cfg(image: &str) -> Config {
+    Config::new()
+        .agent_command(&["fake-claude", "--print", "--dangerously-skip-permissions"])
+        .set("agent.timeout_seconds", 120)
+        .set("container.image", image)
+        .set("resources.container_memory_limit", "512m")
+        .set("resources.container_cpu_limit", 1.0)
+        .set("workers.heartbeat_interval_seconds", 0.5)
+        .set("workers.heartbeat_stale_threshold", 15)
+        .set("workers.task_stale_timeout_seconds", 30)
+        .set("workers.backoff_base_seconds", 0.1)
+        .set("workers.backoff_max_seconds", 0.5)
+        .set("workers.spawn_backoff_base_seconds", 0.1)
+        .set("workers.spawn_backoff_max_seconds", 0.5)
+        .set("workers.stop_grace_seconds", 1)
+        .set("workers.spawn_ready_timeout_seconds", 60)
+}
+
+/// Writes [`container_cfg`] into the repository.
 pub(crate) fn container_config(repo: &TestRepo, image: &str) {
-    container_config_with(repo, image, "");
-}
-
-/// [`container_config`] with more lines in its `workers:` section (each indented two spaces).
-pub(crate) fn container_config_with(repo: &TestRepo, image: &str, workers_extra: &str) {
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        format!(
-            "agent:\n  command: [fake-claude, --print, --dangerously-skip-permissions]\n  timeout_seconds: 120\ncontainer:\n  image: {image}\nresources:\n  container_memory_limit: 512m\n  container_cpu_limit: 1.0\n{CONTAINER_WORKERS}{workers_extra}"
-        ),
-    )
-    .unwrap();
+    repo.configure(&container_cfg(image));
 }
 
 /// A zergd for container tests. The fake agent CLI counts attempts across containers in a
@@ -190,14 +172,9 @@ pub(crate) fn wait_no_containers(rush_id: &str) {
     }
 }
 
+/// The container of the worker running `task`.
 pub(crate) fn container_running(st: &Value, task: &str) -> Option<String> {
-    st["workers"]
-        .as_object()?
-        .values()
-        .find(|w| w["current_task"] == task && w["status"] == "running")
-        .and_then(|w| w["container_id"].as_str())
-        .filter(|c| !c.is_empty())
-        .map(str::to_string)
+    running_worker(st, task)?.container_id
 }
 
 #[test]
@@ -207,16 +184,14 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
     }
     let repo = TestRepo::new();
     repo.write_graph("ct", &graph_12("ct"));
-    container_config(&repo, IMAGE);
-    let cfg = repo.path.join(".zerg/config.yaml");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(&cfg, format!("{text}{NOISY_GATE}")).unwrap();
-    // One task proves the spec (with task-graph.json) is readable inside the container.
+    repo.configure(&container_cfg(IMAGE).noisy_gate());
+    // One task proves the spec is readable inside the container: its agent copies
+    // task-graph.json from the spec mount (the worktree's sparse checkout leaves the committed
+    // copy out) into the file it owns.
     repo.write_script(
         "ct",
         &json!({"tasks": {"G-L1-001": [
-            {"op": "write_owned"},
-            {"op": "print", "text": "checking the spec mount"}
+            {"op": "shell", "command": "mkdir -p l1 && cat \"$ZERG_SPEC_DIR/task-graph.json\" > l1/a1.txt"}
         ]}}),
     );
     let ctx = cdaemon();
@@ -245,6 +220,12 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
     assert_eq!(
         repo.spec_tree("zerg/ct/staging", "ct"),
         repo.spec_tree("main", "ct")
+    );
+    // What G-L1-001's agent read from the spec mount is the graph.
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/ct/staging:l1/a1.txt"]),
+        git(&repo.path, &["show", "main:.gsd/specs/ct/task-graph.json"]),
+        "the spec was not readable inside the container"
     );
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
     wait_no_containers(&rush_id);
@@ -376,13 +357,14 @@ fn a_missing_image_is_retried_then_refused_with_its_name_while_status_answers() 
     }
     let repo = TestRepo::new();
     repo.write_graph("mi", &graph_12("mi"));
-    container_config(&repo, "zerg-worker:missing");
     // Slower backoff so the retries are observable.
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        "container:\n  image: zerg-worker:missing\nworkers:\n  spawn_retry_attempts: 3\n  spawn_backoff_base_seconds: 0.5\n  spawn_backoff_max_seconds: 2\n",
-    )
-    .unwrap();
+    repo.configure(
+        &Config::new()
+            .set("container.image", "zerg-worker:missing")
+            .set("workers.spawn_retry_attempts", 3)
+            .set("workers.spawn_backoff_base_seconds", 0.5)
+            .set("workers.spawn_backoff_max_seconds", 2),
+    );
     let ctx = cdaemon();
     let d = &ctx.d;
     start_detached(d, &repo, "mi", 2);
@@ -569,14 +551,7 @@ fn a_failed_container_rush_leaves_no_container_behind() {
     }
     let repo = TestRepo::new();
     repo.write_graph("cf", &graph_12("cf"));
-    container_config(&repo, IMAGE);
-    let cfg = repo.path.join(".zerg/config.yaml");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &cfg,
-        text.replace("workers:\n", "workers:\n  retry_attempts: 0\n"),
-    )
-    .unwrap();
+    repo.configure(&container_cfg(IMAGE).set("workers.retry_attempts", 0));
     repo.write_script(
         "cf",
         &json!({"tasks": {"G-L1-003": [{"op": "print", "text": "cannot do it"}, {"op": "exit", "code": 1}]}}),

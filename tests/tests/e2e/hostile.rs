@@ -160,10 +160,10 @@ fn hostile_worker_cannot_change_host_files_or_the_hosts_claude_login() {
 
     let repo = TestRepo::new();
     repo.write_graph("grant", &graph_12("grant"));
-    container_config_with(
-        &repo,
-        IMAGE,
-        "  max_respawn_attempts: 200\n  respawn_window_seconds: 600\n",
+    repo.configure(
+        &container_cfg(IMAGE)
+            .set("workers.max_respawn_attempts", 200)
+            .set("workers.respawn_window_seconds", 600),
     );
     repo.write_script(
         "grant",
@@ -647,7 +647,7 @@ fn hostile_worker_that_always_checkpoints_hits_the_respawn_cap() {
     }
     let repo = TestRepo::new();
     repo.write_graph("ckpt", &graph_12("ckpt"));
-    container_config_with(&repo, IMAGE, "  max_respawn_attempts: 3\n");
+    repo.configure(&container_cfg(IMAGE).set("workers.max_respawn_attempts", 3));
     repo.write_script(
         "ckpt",
         &json!({"default": [{"op": "checkpoint", "progress_pct": 10, "next_action": "again"}]}),

@@ -4,7 +4,7 @@
 //! held until they pass, no login, and an API that cannot be reached.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::Value;
 use zerg_tests::*;
@@ -14,65 +14,52 @@ const T: Duration = Duration::from_secs(240);
 /// The config of these tests: the default agent command, fast resilience settings, and
 /// `IS_SANDBOX` passed on (as root, Claude Code refuses `--dangerously-skip-permissions`
 /// without it).
-fn config(extra: &str) -> String {
+fn config() -> Config {
     // The real CLI is a large program: on a loaded machine it may be silent for seconds while
     // it starts, which is not a hang.
-    let workers = FAST_WORKERS
-        .replace(
-            "task_stale_timeout_seconds: 5",
-            "task_stale_timeout_seconds: 60",
-        )
-        .replace(
-            "heartbeat_stale_threshold: 4",
-            "heartbeat_stale_threshold: 30",
-        );
-    assert_ne!(workers, FAST_WORKERS);
-    format!("agent:\n  timeout_seconds: 120\n  env_passthrough: [IS_SANDBOX]\n{workers}{extra}")
+    Config::new()
+        .set("agent.timeout_seconds", 120)
+        .set("agent.env_passthrough", ["IS_SANDBOX"])
+        .fast_workers()
+        .set("workers.task_stale_timeout_seconds", 60)
+        .set("workers.heartbeat_stale_threshold", 30)
 }
 
-/// A repository with a graph, the config, and zergd with `claude` on its PATH and a home of
-/// its own (no login there). `env` adds the login and the API's address.
+/// A repository with a graph and `config`, and zergd with `claude` on its PATH (in its home of
+/// its own there is no login, and git has no identity). `env` adds the login and the API's
+/// address.
 fn setup(
     claude: &Path,
     feature: &str,
     graph: &str,
-    extra: &str,
+    config: Config,
     env: Vec<(&str, String)>,
-) -> (TestRepo, Daemon, tempfile::TempDir) {
+) -> (TestRepo, Daemon) {
     let repo = TestRepo::new();
     repo.write_graph(feature, graph);
-    std::fs::create_dir_all(repo.path.join(".zerg")).unwrap();
-    std::fs::write(repo.path.join(".zerg/config.yaml"), config(extra)).unwrap();
-    let home = tempfile::tempdir().unwrap();
+    repo.configure(&config);
     let path = format!(
         "{}:{}",
         claude.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut all = vec![
-        ("PATH".to_string(), path),
-        ("HOME".to_string(), home.path().display().to_string()),
-        ("IS_SANDBOX".to_string(), "1".to_string()),
+    let mut d = Daemon::builder()
+        .env("PATH", path)
+        .env("IS_SANDBOX", "1")
         // The CLI's own retries, short: the tests are about what comes after them.
-        ("CLAUDE_CODE_MAX_RETRIES".to_string(), "1".to_string()),
-    ];
-    // The merges zergd makes need an identity, which the home of its own does not have.
-    for k in ["GIT_AUTHOR", "GIT_COMMITTER"] {
-        all.push((format!("{k}_NAME"), "zerg test".to_string()));
-        all.push((format!("{k}_EMAIL"), "test@zerg.invalid".to_string()));
+        .env("CLAUDE_CODE_MAX_RETRIES", "1");
+    for (k, v) in env {
+        d = d.env(k, v);
     }
-    all.extend(env.into_iter().map(|(k, v)| (k.to_string(), v)));
     // Nothing of the machine's own login may leak in.
-    let unset = [
+    for k in [
         "ANTHROPIC_API_KEY",
         "CLAUDE_CODE_OAUTH_TOKEN",
         "ANTHROPIC_AUTH_TOKEN",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let d = Daemon::start_with(all, unset);
-    (repo, d, home)
+    ] {
+        d = d.unset(k);
+    }
+    (repo, d.start())
 }
 
 fn rush(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
@@ -95,13 +82,6 @@ fn rush(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
 
 fn monitor(repo: &TestRepo) -> String {
     std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap_or_default()
-}
-
-fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// Task ids of a [`graph_wide`] graph.
@@ -139,11 +119,11 @@ fn api_key() -> (&'static str, String) {
 fn the_real_cli_completes_a_rush_and_status_has_its_cost_and_tokens() {
     let Some(claude) = real_claude() else { return };
     let api = MessagesApi::start(&[]);
-    let (repo, d, _home) = setup(
+    let (repo, d) = setup(
         &claude,
         "rc",
         &graph_12("rc"),
-        "",
+        config(),
         vec![api_key(), ("ANTHROPIC_BASE_URL", api.url.clone())],
     );
     rush(&d, &repo, "rc", 3);
@@ -181,15 +161,14 @@ fn the_real_cli_completes_a_rush_and_status_has_its_cost_and_tokens() {
 #[test]
 fn a_subscription_usage_limit_holds_the_rush_until_its_reset() {
     let Some(claude) = real_claude() else { return };
-    // A 5-hour limit that resets in a few seconds.
-    let reset = now_s() + 4;
-    let api = MessagesApi::start(&["--mode", "429-oauth", "--until", &reset.to_string()]);
-    let (repo, d, _home) = setup(
+    // A 5-hour limit that resets a few seconds after the CLI's first call.
+    let api = MessagesApi::start(&["--mode", "429-oauth", "--for", "4"]);
+    let (repo, d) = setup(
         &claude,
         "sub",
         &graph_wide("sub", 1, 3),
         // A counted attempt would fail the rush.
-        "  retry_attempts: 0\n",
+        config().set("workers.retry_attempts", 0),
         vec![
             ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-test".to_string()),
             ("ANTHROPIC_BASE_URL", api.url.clone()),
@@ -223,13 +202,13 @@ fn a_subscription_usage_limit_holds_the_rush_until_its_reset() {
 #[test]
 fn an_api_key_429_holds_new_work_and_costs_no_attempt() {
     let Some(claude) = real_claude() else { return };
-    let until = now_s() + 3;
-    let api = MessagesApi::start(&["--mode", "429", "--until", &until.to_string()]);
-    let (repo, d, _home) = setup(
+    // Rejected for a few seconds from the CLI's first call.
+    let api = MessagesApi::start(&["--mode", "429", "--for", "3"]);
+    let (repo, d) = setup(
         &claude,
         "key",
         &graph_wide("key", 1, 2),
-        "  retry_attempts: 0\n",
+        config().set("workers.retry_attempts", 0),
         vec![api_key(), ("ANTHROPIC_BASE_URL", api.url.clone())],
     );
     rush(&d, &repo, "key", 1);
@@ -245,11 +224,11 @@ fn an_api_key_429_holds_new_work_and_costs_no_attempt() {
 fn without_a_login_the_rush_pauses_once_naming_the_fix() {
     let Some(claude) = real_claude() else { return };
     let api = MessagesApi::start(&[]);
-    let (repo, d, _home) = setup(
+    let (repo, d) = setup(
         &claude,
         "nologin",
         &graph_wide("nologin", 1, 4),
-        "",
+        config(),
         vec![("ANTHROPIC_BASE_URL", api.url.clone())],
     );
     rush(&d, &repo, "nologin", 2);
@@ -286,11 +265,11 @@ fn an_unreachable_api_is_not_counted_and_pauses_the_rush_when_every_worker_sees_
         .local_addr()
         .unwrap()
         .port();
-    let (repo, d, _home) = setup(
+    let (repo, d) = setup(
         &claude,
         "nonet",
         &graph_wide("nonet", 1, 3),
-        "  retry_attempts: 0\n",
+        config().set("workers.retry_attempts", 0),
         vec![
             api_key(),
             ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}")),
@@ -340,11 +319,13 @@ fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
         String::from_utf8_lossy(&out.stderr)
     );
     let api = MessagesApi::start(&[]);
-    let (repo, d, _home) = setup(
+    let (repo, d) = setup(
         &claude,
         "rcc",
         &graph_12("rcc"),
-        &format!("container:\n  image: {image}\n  network: host\n"),
+        config()
+            .set("container.image", image)
+            .set("container.network", "host"),
         vec![
             ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-test".to_string()),
             ("ANTHROPIC_BASE_URL", api.url.clone()),

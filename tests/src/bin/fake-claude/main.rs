@@ -9,7 +9,9 @@
 //! API key's 429, and the legacy line), printing an `allowed_warning`, replaying a recorded
 //! run of the real CLI, or writing escalation/checkpoint handoff files into `ZERG_TASK_DIR`.
 //!
-//! Without a script every task runs `[{"op":"write_owned"}]`. Attempts are counted in
+//! Without a script every task runs `[{"op":"write_owned"}]`; a spec directory that cannot be
+//! read (no `task-graph.json` in `ZERG_SPEC_DIR`) is an error, not a reason to run the default.
+//! `wait_for_file` fails when its file does not appear in time. Attempts are counted in
 //! `<state dir>/<task-id>.count`. If `FAKE_CLAUDE_LOG` is set, one JSON line per invocation is
 //! appended to it.
 
@@ -714,7 +716,13 @@ impl Ctx {
             Op::WaitForFile { path, timeout_ms } => {
                 let path = self.resolve(path);
                 let deadline = Instant::now() + Duration::from_millis(*timeout_ms);
-                while !path.exists() && Instant::now() < deadline {
+                while !path.exists() {
+                    if Instant::now() >= deadline {
+                        fail(format!(
+                            "wait_for_file: {} did not appear within {timeout_ms} ms",
+                            path.display()
+                        ));
+                    }
                     sleep(Duration::from_millis(20));
                 }
             }
@@ -760,6 +768,25 @@ impl Ctx {
                 self.stream_json_done = true;
             }
         }
+    }
+}
+
+/// The script in the rush's spec directory `dir` (`ZERG_SPEC_DIR`): `None` when the spec has
+/// none (every task runs the default). A spec directory without its `task-graph.json` (a mount
+/// that is missing, an unreadable directory) is an error, never a fall back to the default.
+fn spec_script(dir: &Path) -> Result<Option<PathBuf>, String> {
+    let graph = dir.join("task-graph.json");
+    if let Err(e) = fs::File::open(&graph) {
+        return Err(format!(
+            "ZERG_SPEC_DIR={} has no readable task-graph.json ({e}): the spec is missing",
+            dir.display()
+        ));
+    }
+    let script = dir.join("fake-claude.json");
+    match fs::metadata(&script) {
+        Ok(_) => Ok(Some(script)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read script {}: {e}", script.display())),
     }
 }
 
@@ -879,14 +906,12 @@ fn main() -> ExitCode {
 
     // `FAKE_CLAUDE_SCRIPT`, else `fake-claude.json` in the rush's spec directory (which zergd
     // mounts into containers too, so tests can drive container workers without extra env).
-    let script_path = std::env::var_os("FAKE_CLAUDE_SCRIPT")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("ZERG_SPEC_DIR")
-                .map(|d| PathBuf::from(d).join("fake-claude.json"))
-                .filter(|p| p.is_file())
-        });
+    let script_path = match std::env::var_os("FAKE_CLAUDE_SCRIPT").filter(|s| !s.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)),
+        None => std::env::var_os("ZERG_SPEC_DIR")
+            .filter(|d| !d.is_empty())
+            .and_then(|d| spec_script(Path::new(&d)).unwrap_or_else(|e| fail(e))),
+    };
     let attempt = next_attempt(&state_dir(script_path.as_deref()), &task_id);
 
     if let Some(log) = std::env::var_os("FAKE_CLAUDE_LOG").filter(|s| !s.is_empty()) {

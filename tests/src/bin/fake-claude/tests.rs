@@ -157,3 +157,25 @@ fn rate_limit_line_and_sanitize() {
     );
     assert_eq!(sanitize("A-L1/001 x"), "A-L1_001_x");
 }
+
+#[test]
+fn a_spec_dir_without_its_graph_is_an_error_not_the_default_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec");
+    // Missing, or there but empty (a mount point with nothing mounted): an error.
+    assert!(spec_script(&spec).unwrap_err().contains("task-graph.json"));
+    fs::create_dir(&spec).unwrap();
+    assert!(
+        spec_script(&spec)
+            .unwrap_err()
+            .contains("the spec is missing")
+    );
+    // A spec without a script: the default; with one: that script.
+    fs::write(spec.join("task-graph.json"), "{}").unwrap();
+    assert_eq!(spec_script(&spec).unwrap(), None);
+    fs::write(spec.join("fake-claude.json"), "{}").unwrap();
+    assert_eq!(
+        spec_script(&spec).unwrap(),
+        Some(spec.join("fake-claude.json"))
+    );
+}
