@@ -405,16 +405,13 @@ pub(crate) fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<b
 mod tests {
     use super::*;
     use std::io::Write;
-
-    fn git_ok(dir: &Path, args: &[&str]) -> String {
-        super::super::git(dir, args).unwrap_or_else(|e| panic!("{e}"))
-    }
+    use zerg_proto::testkit::git;
 
     /// Writes a blob into `repo` and returns its id and loose-object path.
     fn blob(repo: &Path, content: &str) -> (String, PathBuf) {
         let f = repo.join("blob.tmp");
         fs::write(&f, content).unwrap();
-        let id = git_ok(repo, &["hash-object", "-w", &f.to_string_lossy()]);
+        let id = git(repo, &["hash-object", "-w", &f.to_string_lossy()]);
         let path = repo.join(".git/objects").join(&id[..2]).join(&id[2..]);
         (id, path)
     }
@@ -435,7 +432,7 @@ mod tests {
         let other = root.join("other");
         for r in [&repo, &other] {
             fs::create_dir_all(r).unwrap();
-            git_ok(r, &["init", "-q", "-b", "main"]);
+            git(r, &["init", "-q", "-b", "main"]);
         }
         let common = fs::canonicalize(repo.join(".git")).unwrap();
         let from = crate::launcher::container::worker_object_dir(&common, "f", 1);
@@ -495,7 +492,7 @@ mod tests {
         std::os::unix::fs::symlink(&secret, fx.from.join("cd").join(&linked[2..])).unwrap();
 
         assert_eq!(fx.import(ImportLimits::default()), 1);
-        assert_eq!(git_ok(&fx.repo, &["cat-file", "-p", &good]), "new content");
+        assert_eq!(git(&fx.repo, &["cat-file", "-p", &good]), "new content");
         for id in [&victim, &bogus, &linked] {
             assert!(!fx.has(id), "{id} must not be imported");
         }
@@ -582,7 +579,7 @@ mod tests {
         let fx = fixture();
         let big = fx.other.join("big");
         fs::write(&big, vec![b'z'; 4 << 20]).unwrap();
-        let big_id = git_ok(&fx.other, &["hash-object", "-w", &big.to_string_lossy()]);
+        let big_id = git(&fx.other, &["hash-object", "-w", &big.to_string_lossy()]);
         let pack_of = |ids: &str, name: &str| {
             let out = std::process::Command::new("git")
                 .arg("-C")
@@ -630,6 +627,6 @@ mod tests {
         // Within the limits it is imported.
         pack_of(&format!("{big_id}\n"), "pack-big3.pack");
         assert_eq!(fx.import(ImportLimits::default()), 1);
-        assert_eq!(git_ok(&fx.repo, &["cat-file", "-t", &big_id]), "blob");
+        assert_eq!(git(&fx.repo, &["cat-file", "-t", &big_id]), "blob");
     }
 }

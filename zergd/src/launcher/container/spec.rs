@@ -593,9 +593,10 @@ pub fn create_body(spec: &WorkerSpec, facts: &HostFacts) -> ContainerCreateBody 
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::launcher::ContainerSpec;
+    use zerg_proto::testkit::git;
 
     fn spec() -> WorkerSpec {
         WorkerSpec {
@@ -927,23 +928,10 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let repo = dir.path().join("repo");
         fs::create_dir_all(&repo).unwrap();
-        git_ok(&repo, &["init", "-q", "-b", "main"]);
-        git_ok(
-            &repo,
-            &[
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "commit",
-                "-q",
-                "--allow-empty",
-                "-m",
-                "i",
-            ],
-        );
+        git(&repo, &["init", "-q", "-b", "main"]);
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "i"]);
         let wt = dir.path().join("wt/worker-1");
-        git_ok(
+        git(
             &repo,
             &["worktree", "add", "-q", "-b", "b1", &wt.to_string_lossy()],
         );
@@ -958,9 +946,5 @@ pub(crate) mod tests {
         fs::write(wt.join(".git"), "gitdir: /etc\n").unwrap();
         assert_eq!(GitLayout::of(&repo, &wt).unwrap(), g);
         assert!(GitLayout::of(&repo, dir.path()).is_err());
-    }
-
-    pub(crate) fn git_ok(dir: &Path, args: &[&str]) -> String {
-        crate::git::git(dir, args).unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -1,10 +1,12 @@
-//! The container launcher against the machine's real engine (skipped where none is reachable).
+//! The container launcher against the machine's real engine. Where `docker info` finds none
+//! the test is skipped, saying so, or fails under `ZERG_REQUIRE_DOCKER=1` (as `.ci/run` sets
+//! when the engine is there).
 
-use super::spec::tests::git_ok;
 use super::*;
 use crate::launcher::ContainerSpec;
+use zerg_proto::testkit::{docker_or_skip, git, skip};
 
-// === Against the real engine (skipped where none is reachable) ===
+// === Against the real engine ===
 
 const TEST_IMAGE: &str = "zerg-worker:launcher-test";
 
@@ -112,18 +114,17 @@ async fn exit_of(rx: tokio::sync::oneshot::Receiver<ExitInfo>) -> ExitInfo {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_engine_lifecycle() {
-    let launcher = match ContainerLauncher::connect().await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("skipping: no Docker engine reachable ({e})");
-            return;
-        }
-    };
-    let Some(git) = host_git() else {
-        eprintln!("skipping: no git on this host");
+    if !docker_or_skip() {
+        return;
+    }
+    let launcher = ContainerLauncher::connect()
+        .await
+        .expect("docker info answers, so the launcher connects");
+    let Some(host_git) = host_git() else {
+        skip("no git at /usr/local/bin/git or /usr/bin/git to put in the test image");
         return;
     };
-    build_test_image(&launcher.docker, &git).await;
+    build_test_image(&launcher.docker, &host_git).await;
 
     // A repository with a worktree per worker, a spec snapshot, and a zergd-like socket
     // (0600 in a 0700 directory).
@@ -131,7 +132,7 @@ async fn real_engine_lifecycle() {
     let t = tmp.path();
     let repo = t.join("repo");
     fs::create_dir_all(&repo).unwrap();
-    git_ok(&repo, &["init", "-q", "-b", "main"]);
+    git(&repo, &["init", "-q", "-b", "main"]);
     // The spec is committed, as users do: the read-only mount lies over tracked files.
     fs::create_dir_all(repo.join(".gsd/specs/feat")).unwrap();
     fs::write(
@@ -139,20 +140,8 @@ async fn real_engine_lifecycle() {
         "# committed\n",
     )
     .unwrap();
-    git_ok(&repo, &["add", "-A"]);
-    git_ok(
-        &repo,
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "-m",
-            "init",
-        ],
-    );
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "init"]);
     let spec_dir = t.join("specs/feat");
     fs::create_dir_all(&spec_dir).unwrap();
     fs::write(spec_dir.join("requirements.md"), "# the spec\n").unwrap();
@@ -175,7 +164,7 @@ async fn real_engine_lifecycle() {
     let mk = |w: u32| {
         let wt = t.join(format!("wt/worker-{w}"));
         let branch = format!("zerg/feat/worker-{w}");
-        git_ok(
+        git(
             &repo,
             &[
                 "worktree",
@@ -264,19 +253,19 @@ async fn real_engine_lifecycle() {
     // The commit stays private to the container (zergd moves the branch once it accepts
     // it); its objects reached the host's store, verified, when the container exited.
     assert_eq!(
-        git_ok(&repo, &["log", "-1", "--format=%s", "zerg/feat/worker-1"]),
+        git(&repo, &["log", "-1", "--format=%s", "zerg/feat/worker-1"]),
         "init"
     );
     assert_eq!(
-        git_ok(&repo, &["log", "-1", "--format=%s", &commit]),
+        git(&repo, &["log", "-1", "--format=%s", &commit]),
         "from container"
     );
     assert!(
-        git_ok(&repo, &["branch", "--list", "zerg/feat/staging"]).is_empty(),
+        git(&repo, &["branch", "--list", "zerg/feat/staging"]).is_empty(),
         "a ref moved inside the container must not appear on the host"
     );
     assert_eq!(
-        git_ok(
+        git(
             &repo,
             &["show", &format!("{commit}:.gsd/specs/feat/requirements.md")]
         ),
@@ -294,20 +283,23 @@ async fn real_engine_lifecycle() {
     );
     let log = fs::read_to_string(t.join("logs/worker-1.log")).unwrap_or_default();
     assert!(log.contains("agent done"), "log mirror: {log:?}");
-    let mut gone = false;
-    for _ in 0..50 {
-        if launcher
+    // The launcher removes the container after reporting its exit: the engine says when (a
+    // wait on a container already gone ends at once, with a 404).
+    let removed = bollard::query_parameters::WaitContainerOptions {
+        condition: "removed".into(),
+    };
+    let mut removal = std::pin::pin!(launcher.docker.wait_container(&id1, Some(removed)));
+    tokio::time::timeout(Duration::from_secs(120), removal.next())
+        .await
+        .expect("the engine reports the exited worker's container removed");
+    assert!(
+        launcher
             .docker
             .inspect_container(&id1, None::<InspectContainerOptions>)
             .await
-            .is_err()
-        {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(gone, "an exited worker's container is removed");
+            .is_err(),
+        "an exited worker's container is removed"
+    );
 
     // Worker 2 runs until stopped; discover() finds it by label, stop() ends and removes it.
     let s2 = mk(2);
