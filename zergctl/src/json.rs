@@ -64,6 +64,20 @@ pub struct Status {
     pub models: BTreeMap<String, ModelUsage>,
     /// The rush's budget (USD), 0 for none.
     pub max_usd: f64,
+    /// What the rush uses on disk, when measured (`status`; the live view does not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<Disk>,
+}
+
+/// What a rush uses on disk, in bytes.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Disk {
+    /// State file, journal, backups, events file and spec snapshot.
+    pub state_bytes: u64,
+    /// Worker and staging worktrees.
+    pub worktree_bytes: u64,
+    /// The repository's logs, shared by its rushes.
+    pub log_bytes: u64,
 }
 
 /// Tokens, as the agent CLI reported them.
@@ -307,6 +321,11 @@ impl From<&v1::RushStatus> for Status {
                 })
                 .collect(),
             max_usd: s.max_usd,
+            disk: s.disk.as_ref().map(|d| Disk {
+                state_bytes: d.state_bytes,
+                worktree_bytes: d.worktree_bytes,
+                log_bytes: d.log_bytes,
+            }),
         }
     }
 }

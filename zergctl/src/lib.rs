@@ -60,6 +60,12 @@ fn budget_arg(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A duration such as `30d`, `12h` or `90s`.
+fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 30d or 12h: {e}"))
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -151,6 +157,29 @@ pub enum Command {
         /// Keep printing new lines.
         #[arg(short, long)]
         follow: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
+    /// Remove what ended rushes of the repository left on disk: state, journal, events, spec
+    /// snapshot, logs, worktrees without uncommitted changes and worker branches. Running and
+    /// paused rushes are never touched; what is kept is listed with why.
+    Prune {
+        /// Only rushes that ended at least this long ago (`30d`, `12h`, `0s`).
+        #[arg(long, value_parser = duration_arg, default_value = "0s")]
+        older_than: std::time::Duration,
+        /// Only this feature's rush.
+        #[arg(long)]
+        feature: Option<String>,
+        /// Say what would be removed, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete the staging branch `zerg/<feature>/staging` (the rush's result).
+        #[arg(long)]
+        branches: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
         /// Repository [default: the current directory].
         #[arg(long)]
         repo: Option<PathBuf>,
@@ -399,6 +428,23 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             follow,
             repo,
         } => cmd::logs::run(&socket, feature, worker, tail, follow, repo).await,
+        Command::Prune {
+            older_than,
+            feature,
+            dry_run,
+            branches,
+            json,
+            repo,
+        } => {
+            let req = zerg_proto::v1::PruneRequest {
+                repo: repo_arg(repo)?,
+                feature: feature.unwrap_or_default(),
+                older_than_seconds: older_than.as_secs(),
+                dry_run,
+                branches,
+            };
+            cmd::prune::run(&socket, req, json).await
+        }
         Command::Symbols {
             paths,
             task,

@@ -83,6 +83,16 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
     if let Some(h) = hold_text(st) {
         o.push_str(&format!("Held: {h}: no new work until then\n"));
     }
+    if let Some(d) = &st.disk {
+        let hb = crate::cmd::prune::human_bytes;
+        o.push_str(&format!(
+            "Disk: {} (worktrees {}, state {}); logs {}, shared by the repository's rushes\n",
+            hb(d.worktree_bytes + d.state_bytes),
+            hb(d.worktree_bytes),
+            hb(d.state_bytes),
+            hb(d.log_bytes)
+        ));
+    }
     o.push_str("\nLevels:\n");
     let mut levels: Vec<(&String, &json::Level)> = st.levels.iter().collect();
     levels.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));

@@ -48,6 +48,28 @@ pub struct Config {
     pub git: GitConfig,
     /// What the agent may spend.
     pub budget: BudgetConfig,
+    /// How long the repository's logs are kept, and how large one grows.
+    pub logging: LoggingConfig,
+}
+
+/// `logging:` section. The original's other keys in this section (`level`, `directory`, …)
+/// are accepted and ignored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoggingConfig {
+    /// Days a rotated log is kept.
+    pub retain_days: u32,
+    /// A log larger than this (MiB) when a rush starts is rotated.
+    pub max_log_size_mb: u64,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            retain_days: 7,
+            max_log_size_mb: 50,
+        }
+    }
 }
 
 /// `git:` section. The original's keys in this section are accepted and ignored.
@@ -593,6 +615,9 @@ impl Config {
                 return Err(format!("{key}: must be an amount in USD above 0"));
             }
         }
+        if self.logging.max_log_size_mb == 0 {
+            return Err("logging.max_log_size_mb: must be at least 1".into());
+        }
         self.symbols.check()?;
         for (key, v) in [
             ("git.identity.name", &self.git.identity.name),
@@ -679,7 +704,8 @@ pub fn parse_memory(s: &str) -> Result<i64, String> {
 /// the original that zerg accepts inside its own sections are fields of the config types.)
 fn warn_unknown(path: &str) -> bool {
     let section = path.split('.').next().unwrap_or(path);
-    // `git` is the original's section too: only zerg's own key in it is checked.
+    // `git` and `logging` are the original's sections too: only zerg's own keys in them are
+    // checked (`logging`'s are both the original's).
     path.starts_with("git.identity.") || !IGNORED_SECTIONS.contains(&section)
 }
 

@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod calls;
 pub mod clock;
 pub mod config;
+pub mod disk;
 pub mod domain;
 pub mod error;
 pub mod fsat;

@@ -18,13 +18,17 @@ struct Args {
     /// The zerg-worker-agent binary [default: next to zergd, else on PATH].
     #[arg(long, env = "ZERG_WORKER_AGENT_BIN")]
     agent_bin: Option<PathBuf>,
+    /// Days of zergd's own log kept (one file a day).
+    #[arg(long, env = "ZERG_LOG_RETAIN_DAYS", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
+    log_retain_days: u32,
 }
 
 /// Logs go to stderr (with colour only on a terminal, and never with `NO_COLOR`) and to
-/// `<state dir>/logs/zergd.<date>.log`, rotated daily and kept for a week. The returned guard
-/// flushes the file on exit.
+/// `<state dir>/logs/zergd.<date>.log`, rotated daily, the last `retain_days` files kept. The
+/// returned guard flushes the file on exit.
 fn init_logging(
     state_dir: &std::path::Path,
+    retain_days: u32,
 ) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
@@ -45,7 +49,7 @@ fn init_logging(
         .rotation(tracing_appender::rolling::Rotation::DAILY)
         .filename_prefix("zergd")
         .filename_suffix("log")
-        .max_log_files(7)
+        .max_log_files(retain_days as usize)
         .build(logs);
     let registry = tracing_subscriber::registry().with(filter());
     match file {
@@ -72,7 +76,7 @@ fn main() -> ExitCode {
         state_dir: args.state_dir.unwrap_or_else(zergd::default_state_dir),
         agent_bin: args.agent_bin.unwrap_or_else(zergd::default_agent_bin),
     };
-    let _log_guard = init_logging(&opts.state_dir);
+    let _log_guard = init_logging(&opts.state_dir, args.log_retain_days);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

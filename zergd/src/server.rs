@@ -47,11 +47,17 @@ impl Control for Services {
         req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::RushStatus>, Status> {
         let r = RushKey::try_from(req.into_inner())?;
-        self.handle
+        let mut st = self
+            .handle
             .ask(|tx| Event::Control(ControlCmd::Status(r, tx)))
             .await
-            .map(Response::new)
-            .map_err(Status::from)
+            .map_err(Status::from)?;
+        // What the rush uses on disk, measured off the supervisor (a walk of its worktrees).
+        let (repo, feature) = (PathBuf::from(&st.repo), st.feature.clone());
+        st.disk = tokio::task::spawn_blocking(move || crate::disk::usage(&repo, &feature))
+            .await
+            .ok();
+        Ok(Response::new(st))
     }
 
     async fn list(
@@ -218,6 +224,18 @@ impl Control for Services {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn prune(
+        &self,
+        req: Request<v1::PruneRequest>,
+    ) -> Result<Response<v1::PruneReply>, Status> {
+        let r = req.into_inner();
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Prune(r, tx)))
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
     }
 
     async fn shutdown(

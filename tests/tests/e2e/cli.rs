@@ -35,6 +35,8 @@ fn settings(repo: &Path) -> insta::Settings {
     // Which worker ran which task, and so how many each did, depends on timing.
     s.add_filter(r"(attempts \d+) W\d", "$1 W?");
     s.add_filter(r"done \d+ ", "done N ");
+    // Sizes on disk vary with git's and the fake agent's files.
+    s.add_filter(r"\d+(\.\d)? (B|KiB|MiB|GiB)\b", "[SIZE]");
     s
 }
 

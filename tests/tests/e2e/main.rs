@@ -6,6 +6,7 @@ mod cli;
 mod container;
 mod core;
 mod hostile;
+mod longrun;
 mod machines;
 mod realcli;
 mod symbols;

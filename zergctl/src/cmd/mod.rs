@@ -4,6 +4,7 @@
 pub mod init;
 pub mod list;
 pub mod logs;
+pub mod prune;
 pub mod retry;
 pub mod rush;
 pub mod status;

@@ -600,6 +600,33 @@ pub struct RegistryEntry {
     pub feature: String,
     /// Last known state.
     pub state: RushState,
+    /// What `list` shows of an ended rush, so zergd need not load the rush to list it (empty in
+    /// registries written before these fields: such a rush is loaded once to fill them).
+    #[serde(default, skip_serializing_if = "Summary::is_empty")]
+    pub summary: Summary,
+}
+
+/// The few facts about a rush that `zergctl list` shows.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct Summary {
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When it ended (RFC 3339), empty while it runs.
+    pub finished_at: String,
+    /// Its number of tasks.
+    pub tasks_total: u32,
+    /// How many of them completed.
+    pub tasks_complete: u32,
+    /// Where its workers ran.
+    pub mode: Mode,
+}
+
+impl Summary {
+    /// Whether nothing is known (a registry entry of an older zergd).
+    pub fn is_empty(&self) -> bool {
+        self.started_at.is_empty()
+    }
 }
 
 impl Registry {
@@ -778,6 +805,7 @@ mod tests {
             repo: "/r".into(),
             feature: id.into(),
             state: RushState::Running,
+            summary: Summary::default(),
         };
         let mut reg = Registry::default();
         reg.rushes.push(entry("a"));

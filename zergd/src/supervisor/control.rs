@@ -11,16 +11,12 @@ impl Supervisor {
         let feature = key.feature.as_str();
         let repo = jobs::resolve_repo(&key.repo).map(|p| p.to_string_lossy().to_string());
         if let Ok(repo_s) = &repo {
-            let mut matches: Vec<&Rush> = self
-                .rushes
-                .values()
-                .filter(|r| {
-                    r.doc.rush.repo == *repo_s && (feature.is_empty() || r.doc.feature == feature)
-                })
-                .collect();
-            matches.sort_by(|a, b| a.doc.started_at.cmp(&b.doc.started_at));
-            if let Some(r) = matches.last() {
-                return Ok(r.id().to_string());
+            let newest = self
+                .known()
+                .filter(|r| r.repo == repo_s && (feature.is_empty() || r.feature == feature))
+                .max_by(|a, b| a.started_at.cmp(b.started_at));
+            if let Some(r) = newest {
+                return Ok(r.id.to_string());
             }
             if let Some((_, _, why)) = self
                 .unloadable
@@ -33,18 +29,15 @@ impl Supervisor {
             }
         }
         if !feature.is_empty() {
-            let mut named: Vec<&Rush> = self
-                .rushes
-                .values()
-                .filter(|r| r.doc.feature == feature)
-                .collect();
-            named.sort_by(|a, b| a.doc.rush.repo.cmp(&b.doc.rush.repo));
-            named.dedup_by(|a, b| a.doc.rush.repo == b.doc.rush.repo);
+            let mut named: Vec<park::Known<'_>> =
+                self.known().filter(|r| r.feature == feature).collect();
+            named.sort_by(|a, b| a.repo.cmp(b.repo));
+            named.dedup_by(|a, b| a.repo == b.repo);
             match named.as_slice() {
-                [one] => return Ok(one.id().to_string()),
+                [one] => return Ok(one.id.to_string()),
                 [] => {}
                 many => {
-                    let list: Vec<&str> = many.iter().map(|r| r.doc.rush.repo.as_str()).collect();
+                    let list: Vec<&str> = many.iter().map(|r| r.repo).collect();
                     return Err(SupervisorError::failed_precondition(format!(
                         "{} repositories have a rush named '{feature}': {}; run from one of them or pass --repo",
                         many.len(),
@@ -67,6 +60,13 @@ impl Supervisor {
         })
     }
 
+    /// The rush a command means, loaded whole (see [`Self::find`] and [`Self::unpark`]).
+    fn find_whole(&mut self, key: &RushKey) -> Result<String, SupervisorError> {
+        let id = self.find(key)?;
+        self.unpark(&id)?;
+        Ok(id)
+    }
+
     pub(super) fn handle_control(
         &mut self,
         c: ControlCmd,
@@ -76,7 +76,7 @@ impl Supervisor {
         match c {
             ControlCmd::Rush(req, reply) => self.start_rush(req, reply, now, wall),
             // Read-your-writes: the answer goes out after the state it shows is on disk.
-            ControlCmd::Status(key, reply) => match self.find(&key) {
+            ControlCmd::Status(key, reply) => match self.find_whole(&key) {
                 Ok(id) => self.with_rush(&id, |r, fx| {
                     fx.report(reply, Ok(crate::wire::status::rush_status(r)))
                 }),
@@ -85,15 +85,10 @@ impl Supervisor {
                 }
             },
             ControlCmd::List(reply) => {
-                let mut rushes: Vec<v1::RushSummary> = self
-                    .rushes
-                    .values()
-                    .map(crate::wire::status::rush_summary)
-                    .collect();
-                rushes.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+                let rushes = self.summaries();
                 let _ = reply.send(Ok(v1::ListReply { rushes }));
             }
-            ControlCmd::Watch(key, reply) => match self.find(&key) {
+            ControlCmd::Watch(key, reply) => match self.find_whole(&key) {
                 Ok(id) => {
                     let (tx, rx) = mpsc::channel(64);
                     let first = crate::wire::status::watch_event(
@@ -112,7 +107,7 @@ impl Supervisor {
                     let _ = reply.send(Err(e));
                 }
             },
-            ControlCmd::Stop(req, reply) => match self.find(&req.key) {
+            ControlCmd::Stop(req, reply) => match self.find_whole(&req.key) {
                 Ok(id) => {
                     // Replies only once the stopped state is on disk.
                     self.with_rush(&id, |r, fx| {
@@ -141,8 +136,10 @@ impl Supervisor {
                     let _ = reply.send(Err(e));
                 }
             },
-            ControlCmd::Retry(req, reply) => match self.find(&req.key) {
+            ControlCmd::Retry(req, reply) => match self.find_whole(&req.key) {
                 Ok(id) => {
+                    // A retried rush runs again, and its workers need their plane.
+                    self.ensure_plane(&id);
                     self.with_rush(&id, |r, fx| {
                         if let Some(m) = req.max_usd {
                             r.doc.rush.max_usd = Some(m);
@@ -156,6 +153,7 @@ impl Supervisor {
                     let _ = reply.send(Err(e));
                 }
             },
+            ControlCmd::Prune(req, reply) => self.prune(req, reply, wall),
             ControlCmd::Shutdown(reply) => self.shutdown = Some(reply),
         }
     }
@@ -178,10 +176,9 @@ impl Supervisor {
         let mode_given = req.mode.is_some();
         let mode = req.mode.unwrap_or(Mode::Subprocess);
         let existing = self
-            .rushes
-            .values()
-            .find(|r| r.doc.rush.repo == repo_s && r.doc.feature == req.feature)
-            .map(|r| (r.id().to_string(), r.state()));
+            .known()
+            .find(|r| r.repo == repo_s && r.feature == req.feature)
+            .map(|r| (r.id.to_string(), r.state));
         if let Some((id, state)) = existing {
             match state {
                 RushState::Pending | RushState::Running | RushState::Paused => {
@@ -193,6 +190,10 @@ impl Supervisor {
                 }
                 RushState::Stopped | RushState::Failed => {
                     // Resume in place: the same graph snapshot, completed work kept.
+                    if let Err(e) = self.unpark(&id) {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
                     let ensure = {
                         let r = &self.rushes[&id];
                         let mode = if mode_given { mode } else { r.doc.rush.mode };
@@ -237,6 +238,7 @@ impl Supervisor {
                 }
                 RushState::Complete => {
                     self.rushes.remove(&id);
+                    self.parked.remove(&id);
                     self.close_plane(&id);
                 }
             }

@@ -26,7 +26,11 @@ impl Supervisor {
         if let Some(h) = self.planes.remove(rush_id) {
             h.abort();
         }
-        self.monitors.remove(rush_id);
+        if let Some(m) = self.monitors.remove(rush_id) {
+            // Dropping it flushes its two files and ends their writer threads, which can take
+            // a moment: not on the actor.
+            tokio::task::spawn_blocking(move || drop(m));
+        }
         let _ = std::fs::remove_dir_all(crate::worker_plane::plane_dir(
             &self.settings.socket,
             rush_id,
@@ -44,9 +48,20 @@ impl Supervisor {
         for r in fx.replies {
             r(unsaved.cloned());
         }
-        let Some(r) = self.rushes.get(rush_id) else {
+        if !self.rushes.contains_key(rush_id) {
             return;
-        };
+        }
+        let spawns: Vec<(u32, u64, WorkerSpec)> = fx
+            .spawn
+            .iter()
+            .filter_map(|&(w, g)| Some((w, g, self.worker_spec(rush_id, w, g)?)))
+            .collect();
+        // Each of these jobs answers with an event; the rush stays whole until it has.
+        let jobs = spawns.len() + usize::from(fx.index.is_some()) + usize::from(fx.merge.is_some());
+        for _ in 0..jobs {
+            self.started_job(rush_id);
+        }
+        let r = &self.rushes[rush_id];
         let mode = r.doc.rush.mode;
         let base = r.doc.rush.base_commit.clone();
         if !fx.escalations.is_empty() {
@@ -54,10 +69,7 @@ impl Supervisor {
             let list = fx.escalations.clone();
             tokio::task::spawn_blocking(move || append_escalations(&dir, &list));
         }
-        for (w, generation) in fx.spawn {
-            let Some(spec) = self.worker_spec(rush_id, w, generation) else {
-                continue;
-            };
+        for (w, generation, spec) in spawns {
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();

@@ -100,6 +100,8 @@ pub fn prepare_fresh(
     let (config, config_warnings) =
         Config::load(repo).map_err(|e| SupervisorError::invalid_argument(e.to_string()))?;
     check_root(&config, mode)?;
+    // Before the rush's monitor opens: the logs it would append to are rotated first.
+    crate::disk::rotate_logs(repo, feature, &config.logging, wall);
     let mut warnings: Vec<String> = config_warnings;
     if !git::has_identity(repo) {
         let who = &config.git.identity;

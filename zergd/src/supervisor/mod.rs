@@ -9,6 +9,7 @@
 mod control;
 mod effects;
 pub mod jobs;
+mod park;
 mod recovery;
 pub mod rush;
 #[cfg(test)]
@@ -35,7 +36,7 @@ use crate::launcher::container::ContainerLauncher;
 use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
 use crate::monitor::Monitor;
-use crate::state::{Registry, RegistryEntry, StateStore};
+use crate::state::{Registry, RegistryEntry, StateStore, Summary};
 use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
@@ -81,6 +82,8 @@ pub enum ControlCmd {
     Stop(StopRush, Reply<u32>),
     /// Requeue failed tasks; answers which.
     Retry(RetryTasks, Reply<Vec<String>>),
+    /// Remove what ended rushes left on disk.
+    Prune(v1::PruneRequest, Reply<v1::PruneReply>),
     /// Exit zergd.
     Shutdown(Reply<()>),
 }
@@ -257,7 +260,15 @@ impl Launchers {
 
 /// The supervisor actor.
 pub struct Supervisor {
+    /// The rushes held whole: every rush that runs, is paused, or ended but still has a worker,
+    /// a watcher or a job in flight.
     rushes: HashMap<String, Rush>,
+    /// Ended rushes held only as their registry entry; a command that needs one whole loads
+    /// it from disk again (see `park.rs`).
+    parked: HashMap<String, RegistryEntry>,
+    /// Background jobs per rush whose answer has not come back yet (spawns, symbol builds,
+    /// merges, commit checks): a rush is not parked while it waits for one.
+    inflight: HashMap<String, u32>,
     preparing: HashSet<(String, String)>,
     /// Rushes of the registry whose state could not be loaded at startup: (repo, feature, why).
     unloadable: Vec<(String, String, String)>,
@@ -298,6 +309,8 @@ impl Supervisor {
         let cell = tokio::sync::OnceCell::new_with(container);
         Supervisor {
             rushes: HashMap::new(),
+            parked: HashMap::new(),
+            inflight: HashMap::new(),
             preparing: HashSet::new(),
             unloadable: Vec::new(),
             watchers: HashMap::new(),
@@ -357,6 +370,7 @@ impl Supervisor {
             if let Some(due) = self.send_owed_snapshots() {
                 self.next_tick = Some(self.next_tick.map_or(due, |n| n.min(due)));
             }
+            self.park_ended();
             if let Some(reply) = self.shutdown.take() {
                 self.compact_all();
                 let _ = reply.send(Ok(()));
@@ -505,24 +519,19 @@ impl Supervisor {
 
     fn save_registry(&mut self) {
         let mut reg = Registry::load(&self.settings.registry_path);
-        for r in self.rushes.values() {
-            let entry = RegistryEntry {
-                rush_id: r.id().to_string(),
-                repo: r.doc.rush.repo.clone(),
-                feature: r.doc.feature.clone(),
-                state: r.doc.rush.state,
-            };
+        let entries = self
+            .rushes
+            .values()
+            .map(registry_entry)
+            .chain(self.parked.values().cloned());
+        for entry in entries {
             reg.rushes
                 .retain(|e| !(e.repo == entry.repo && e.feature == entry.feature));
             reg.rushes.push(entry);
         }
         match reg.save(&self.settings.registry_path) {
             Ok(()) => {
-                self.registered = self
-                    .rushes
-                    .values()
-                    .map(|r| (r.id().to_string(), r.doc.rush.state))
-                    .collect();
+                self.registered = self.known().map(|k| (k.id.to_string(), k.state)).collect();
             }
             Err(e) => tracing::warn!(error = %e, "cannot save the rush registry"),
         }
@@ -540,7 +549,10 @@ impl Supervisor {
                 rush,
                 pending,
                 result,
-            } => self.on_verified(&rush, pending, result, now, wall),
+            } => {
+                self.answered(&rush);
+                self.on_verified(&rush, pending, result, now, wall)
+            }
             Event::Exited {
                 rush,
                 worker,
@@ -557,6 +569,7 @@ impl Supervisor {
                 generation,
                 result,
             } => {
+                self.answered(&rush);
                 self.with_rush(&rush, |r, fx| {
                     r.on_spawned(worker, generation, result, now, wall, fx)
                 });
@@ -567,6 +580,7 @@ impl Supervisor {
                 result,
                 symbols,
             } => {
+                self.answered(&rush);
                 self.with_rush(&rush, |r, fx| {
                     if let Some(s) = symbols {
                         r.on_reindexed(level, &result, s, wall);
@@ -575,12 +589,28 @@ impl Supervisor {
                 });
             }
             Event::Indexed { rush, result } => {
+                self.answered(&rush);
                 self.with_rush(&rush, |r, fx| r.on_indexed(*result, now, wall, fx));
             }
             Event::Prepared { req, result, reply } => {
                 self.on_prepared(req, *result, reply, now, wall)
             }
         }
+    }
+
+    /// Counts a background job of a rush as answered.
+    fn answered(&mut self, id: &str) {
+        if let Some(n) = self.inflight.get_mut(id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.inflight.remove(id);
+            }
+        }
+    }
+
+    /// Counts a background job of a rush as started.
+    fn started_job(&mut self, id: &str) {
+        *self.inflight.entry(id.to_string()).or_default() += 1;
     }
 
     fn with_rush(&mut self, id: &str, f: impl FnOnce(&mut Rush, &mut Effects)) {
@@ -612,6 +642,22 @@ impl Supervisor {
             }
         }
     }
+}
 
-    // === Recovery after a restart ===
+/// A rush's line in the registry, with what `list` shows of it.
+fn registry_entry(r: &Rush) -> RegistryEntry {
+    let sum = crate::wire::status::rush_summary(r);
+    RegistryEntry {
+        rush_id: r.id().to_string(),
+        repo: r.doc.rush.repo.clone(),
+        feature: r.doc.feature.clone(),
+        state: r.doc.rush.state,
+        summary: Summary {
+            started_at: sum.started_at,
+            finished_at: r.doc.rush.finished_at.clone(),
+            tasks_total: sum.tasks_total,
+            tasks_complete: sum.tasks_complete,
+            mode: r.doc.rush.mode,
+        },
+    }
 }

@@ -13,51 +13,41 @@ impl Supervisor {
         let now = self.clock.now();
         let wall = self.clock.wall();
         for e in reg.rushes {
-            let repo = PathBuf::from(&e.repo);
-            let store = StateStore::new(&repo.join(".zerg").join("state"), &e.feature);
-            let (mut doc, note) = match store.load_noting_backup() {
-                Ok(Some((d, note))) if d.rush.rush_id == e.rush_id => (d, note),
-                Ok(_) => continue,
-                Err(err) => {
-                    tracing::error!(error = %err, feature = %e.feature, "cannot load rush state; skipping");
+            if e.state.is_terminal() && !e.summary.is_empty() {
+                // Ended while zergd ran: listed from its entry, loaded when a command asks.
+                if e.summary.mode == Mode::Container {
+                    // Its containers may have outlived a zergd killed as the rush ended.
+                    self.sweep_ended(&e.rush_id, PathBuf::from(&e.repo), e.feature.clone());
+                }
+                self.parked.insert(e.rush_id.clone(), e);
+                continue;
+            }
+            let mut r = match super::park::load_rush(&e, now) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(why) => {
+                    tracing::error!(error = %why, feature = %e.feature, "cannot load rush; skipping");
                     // zergctl status names the file and the problem instead of "no rush".
                     self.unloadable
-                        .push((e.repo.clone(), e.feature.clone(), err.to_string()));
+                        .push((e.repo.clone(), e.feature.clone(), why));
                     continue;
                 }
             };
-            if let Some(note) = &note {
-                doc.rush.warnings.push(note.clone());
-            }
-            let (graph, config, paths, spec_context) = match jobs::load_snapshot(&repo, &e.feature)
-            {
-                Ok(x) => x,
-                Err(err) => {
-                    tracing::error!(error = %err, feature = %e.feature, "cannot load rush snapshot; skipping");
-                    continue;
-                }
-            };
-            let active = doc.rush.state.is_active();
-            let mut r = Rush::new(doc, graph, config, paths, spec_context, now);
-            r.escalations = load_escalations(&r);
-            // Resuming from the backup rewrites the state file at once.
-            r.dirty = note.is_some();
-            if active {
+            if r.doc.rush.state.is_active() {
                 self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;
             } else if r.doc.rush.mode == Mode::Container {
                 // A rush that ended while zergd was down leaves no container behind either.
-                self.sweep_ended(&e.rush_id, &r);
+                self.sweep_ended(&e.rush_id, r.paths.repo.clone(), r.doc.feature.clone());
             }
             self.rushes.insert(e.rush_id.clone(), r);
         }
     }
 
     /// Removes every container of an ended rush (in the background).
-    pub(super) fn sweep_ended(&self, rush_id: &str, r: &Rush) {
+    pub(super) fn sweep_ended(&self, rush_id: &str, repo: PathBuf, feature: String) {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
-        let (repo, feature) = (r.paths.repo.clone(), r.doc.feature.clone());
         tokio::spawn(async move {
             let Ok(l) = launchers.get(Mode::Container).await else {
                 return;

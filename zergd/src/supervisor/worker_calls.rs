@@ -95,7 +95,14 @@ impl Supervisor {
 
     /// Checks a reported commit off the actor thread (importing a container's objects first),
     /// then hands the report back as [`Event::Verified`].
-    pub(super) fn verify(&self, rush: &str, check: CommitCheck, commit: String, pending: Pending) {
+    pub(super) fn verify(
+        &mut self,
+        rush: &str,
+        check: CommitCheck,
+        commit: String,
+        pending: Pending,
+    ) {
+        self.started_job(rush);
         let tx = self.tx.clone();
         let rush = rush.to_string();
         tokio::task::spawn_blocking(move || {

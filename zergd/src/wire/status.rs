@@ -172,6 +172,8 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
             })
             .collect(),
         max_usd: d.rush.max_usd.unwrap_or(0.0),
+        // Measured by the `Status` handler, off the supervisor.
+        disk: None,
     }
 }
 
