@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use zerg_proto::contract::{TOKEN_METADATA, bearer};
+use zerg_proto::testkit::{git, skip};
 use zerg_proto::transport;
 use zerg_proto::v1;
 use zerg_proto::v1::worker_client::WorkerClient;
@@ -96,22 +97,6 @@ impl Launcher for FakeLauncher {
     }
 
     fn watch(&self, _worker: Spawned, _on_exit: ExitSink) {}
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t.invalid"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn repo(dir: &Path) -> PathBuf {
@@ -591,8 +576,8 @@ async fn hostile_worker_calls_never_crash_the_supervisor() {
     assert_ne!(t1.id, t0.id);
 }
 
-/// A small tmpfs of the test's own, unmounted when dropped; `None` (with the reason printed)
-/// where this process may not mount one.
+/// A small tmpfs of the test's own, unmounted when dropped; `None` (the test skipped, saying
+/// why) where this process may not mount one, which fails under CI (`.ci/run` runs as root).
 struct Tmpfs(tempfile::TempDir);
 
 impl Tmpfs {
@@ -605,14 +590,14 @@ impl Tmpfs {
         match out {
             Ok(o) if o.status.success() => Some(Tmpfs(dir)),
             Ok(o) => {
-                eprintln!(
-                    "SKIPPED: cannot mount a tmpfs to fill ({})",
+                skip(&format!(
+                    "cannot mount a tmpfs to fill (mounting needs root): {}",
                     String::from_utf8_lossy(&o.stderr).trim()
-                );
+                ));
                 None
             }
             Err(e) => {
-                eprintln!("SKIPPED: cannot run mount: {e}");
+                skip(&format!("cannot run mount: {e}"));
                 None
             }
         }
