@@ -12,16 +12,34 @@ const T: Duration = Duration::from_secs(120);
 fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     let repo = TestRepo::new();
     repo.write_graph("feat", &graph_12("feat"));
+    // Three level-1 tasks wait for each other, so they run at the same time in three workers.
+    let marks = tempfile::tempdir().unwrap();
+    let barrier = ["G-L1-001", "G-L1-002", "G-L1-003"];
+    let meet = |me: &str| {
+        let mut ops = vec![json!({"op": "touch", "path": marks.path().join(me)})];
+        ops.extend(barrier.iter().map(
+            |t| json!({"op": "wait_for_file", "path": marks.path().join(t), "timeout_ms": 60_000}),
+        ));
+        ops.push(json!({"op": "write_owned"}));
+        ops
+    };
     // An agent writes code anywhere it can reach, the spec included.
+    let mut vandal = meet("G-L1-002");
+    vandal.extend([
+        json!({"op": "write", "path": ".gsd/specs/feat/design.md", "content": "vandalised\n"}),
+        json!({"op": "write", "path": ".gsd/specs/feat/extra.md", "content": "new\n"}),
+    ]);
     repo.write_script(
         "feat",
-        &json!({"tasks": {"G-L1-002": [
-            {"op": "write_owned"},
-            {"op": "write", "path": ".gsd/specs/feat/design.md", "content": "vandalised\n"},
-            {"op": "write", "path": ".gsd/specs/feat/extra.md", "content": "new\n"}
-        ]}}),
+        &json!({"tasks": {"G-L1-001": meet("G-L1-001"), "G-L1-002": vandal, "G-L1-003": meet("G-L1-003")}}),
     );
-    repo.write_config(&format!("{FAST_WORKERS}{NOISY_GATE}"));
+    // The tasks that meet say nothing while they wait: no stale detection may cut that short.
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.task_stale_timeout_seconds", 60)
+            .noisy_gate(),
+    );
     let head_before = git(&repo.path, &["rev-parse", "HEAD"]);
     let status_before = repo.status_porcelain();
     let d = Daemon::start();
@@ -88,14 +106,12 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
         !repo.path.join("l1").exists(),
         "task output leaked into the user's checkout"
     );
-    // Three distinct workers did work, and the levels merged in order.
-    let workers: std::collections::BTreeSet<i64> = st["tasks"]
-        .as_object()
-        .unwrap()
-        .values()
-        .filter_map(|t| t["worker_id"].as_i64())
+    // Three distinct workers did work (the three that met), and the levels merged in order.
+    let workers: std::collections::BTreeSet<i64> = barrier
+        .iter()
+        .filter_map(|t| st["tasks"][t]["worker_id"].as_i64())
         .collect();
-    assert!(workers.len() >= 2, "work was not spread: {workers:?}");
+    assert_eq!(workers.len(), 3, "work was not spread: {workers:?}\n{st}");
     for l in ["1", "2", "3"] {
         assert_eq!(st["levels"][l]["status"], "complete");
         assert_eq!(st["levels"][l]["merge_status"], "complete");
@@ -127,11 +143,9 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     assert!(repo.path.join(".zerg/state/progress-0.json").exists());
     // Workers are gone and worktrees removed after a complete rush.
     for pid in worker_pids(&st) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while alive(pid) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(!alive(pid), "worker {pid} outlived the rush");
+        wait_until(T, &format!("worker {pid} to exit after the rush"), || {
+            !alive(pid)
+        });
     }
 }
 
@@ -139,7 +153,7 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
 fn status_json_has_the_documented_keys() {
     let repo = TestRepo::new();
     repo.write_graph("keys", &graph_12("keys"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let d = Daemon::start();
     assert!(
         d.ctl_in(&repo.path, &["rush", "keys", "--workers", "2", "--detach"])
@@ -222,7 +236,7 @@ fn invalid_graphs_are_refused_with_the_problem_named() {
         {"id": "B", "title": "b", "level": 1, "dependencies": ["A"]}
     ]});
     repo.write_graph("cyc", &cyclic.to_string());
-    repo.write_config("");
+    repo.configure(&Config::fake_agent());
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "cyc", "--workers", "2"]);
     assert!(!out.status.success());
@@ -264,11 +278,7 @@ fn invalid_graphs_are_refused_with_the_problem_named() {
         String::from_utf8_lossy(&out.stdout)
     );
     // Bad config: the error names the key path.
-    std::fs::write(
-        repo.path.join(".zerg/config.yaml"),
-        "workers:\n  retry_attempts: many\n",
-    )
-    .unwrap();
+    repo.configure(&Config::new().set("workers.retry_attempts", "many"));
     let out = d.ctl_in(&repo.path, &["rush", "ok", "--workers", "1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("workers.retry_attempts"));
@@ -278,7 +288,11 @@ fn invalid_graphs_are_refused_with_the_problem_named() {
 fn a_task_that_fails_for_good_ends_the_rush_with_dependents_blocked() {
     let repo = TestRepo::new();
     repo.write_graph("fail", &graph_12("fail"));
-    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 1\n"));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.retry_attempts", 1),
+    );
     // G-L1-002 always exits 1: every L2 and L3 task depends on it.
     repo.write_script("fail", &json!({"tasks": {"G-L1-002": [{"op": "stderr", "text": "boom"}, {"op": "exit", "code": 1}]}}));
     let d = Daemon::start();
@@ -336,7 +350,11 @@ fn a_task_that_fails_for_good_ends_the_rush_with_dependents_blocked() {
 fn stop_really_stops_the_workers() {
     let repo = TestRepo::new();
     repo.write_graph("stop", &graph_12("stop"));
-    repo.write_config("workers:\n  stop_grace_seconds: 1\n  heartbeat_interval_seconds: 0.5\n");
+    repo.configure(
+        &Config::fake_agent()
+            .set("workers.stop_grace_seconds", 1)
+            .set("workers.heartbeat_interval_seconds", 0.5),
+    );
     repo.write_script("stop", &json!({"default": [{"op": "hang"}]}));
     let d = Daemon::start();
     assert!(
@@ -355,11 +373,9 @@ fn stop_really_stops_the_workers() {
     assert_eq!(st["state"], "stopped");
     assert!(tasks_with(&st, "in_progress").is_empty());
     for pid in pids {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while alive(pid) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(!alive(pid), "worker {pid} survived stop");
+        wait_until(T, &format!("worker {pid} to exit after stop"), || {
+            !alive(pid)
+        });
     }
     // The hanging fake agents (children in the worker's process group) are gone too.
     let out = std::process::Command::new("pgrep")
@@ -394,7 +410,7 @@ fn escalations_out_of_scope_changes_and_logs_are_reported() {
         {"id": "E-L1-002", "title": "sloppy", "level": 1, "files": {"create": ["b.txt"], "modify": [], "read": []}}
     ]});
     repo.write_graph("esc", &graph.to_string());
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script("esc", &json!({"tasks": {
         "E-L1-001": [{"op": "escalate", "category": "ambiguous_spec", "message": "which format?"}],
         "E-L1-002": [{"op": "write_owned"}, {"op": "write", "path": "stray.txt", "content": "x"}, {"op": "print", "text": "did extra work"}]
@@ -515,7 +531,7 @@ fn another_user_is_refused_on_the_control_socket_even_when_the_file_mode_allows_
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping: switching to another uid needs root");
+        skip("switching to another uid needs root");
         return;
     }
     let d = Daemon::start();
@@ -590,12 +606,34 @@ fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
         {"id": "M-L2-001", "title": "later", "level": 2, "dependencies": ["M-L1-001"], "files": {"create": ["z.txt"], "modify": [], "read": []}}
     ]});
     repo.write_graph("mc", &graph.to_string());
-    repo.write_config(FAST_WORKERS);
+    // The tasks that meet say nothing while they wait: no stale detection may cut that short.
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.task_stale_timeout_seconds", 60),
+    );
     // M-L1-002 writes the file M-L1-001 owns, with other content: the two branches conflict.
-    repo.write_script("mc", &json!({"tasks": {
-        "M-L1-001": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 1500}],
-        "M-L1-002": [{"op": "write_owned"}, {"op": "write", "path": "x.txt", "content": "not yours\n"}]
-    }}));
+    // The two wait for each other, so they run at the same time in two workers (one worker
+    // doing both would build the second on the first, with nothing to conflict).
+    let marks = tempfile::tempdir().unwrap();
+    let mark = |n: &str| marks.path().join(n);
+    let meet = |me: &str, other: &str| {
+        vec![
+            json!({"op": "touch", "path": mark(me)}),
+            json!({"op": "wait_for_file", "path": mark(other), "timeout_ms": 60_000}),
+        ]
+    };
+    let mut owner = meet("owner", "trespasser");
+    owner.push(json!({"op": "write_owned"}));
+    let mut trespasser = meet("trespasser", "owner");
+    trespasser.extend([
+        json!({"op": "write_owned"}),
+        json!({"op": "write", "path": "x.txt", "content": "not yours\n"}),
+    ]);
+    repo.write_script(
+        "mc",
+        &json!({"tasks": {"M-L1-001": owner, "M-L1-002": trespasser}}),
+    );
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "mc", "--workers", "2"]);
     assert_eq!(
@@ -623,7 +661,7 @@ fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
 fn a_fresh_rush_never_deletes_unmerged_work_of_an_earlier_one() {
     let repo = TestRepo::new();
     repo.write_graph("keep", &graph_12("keep"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // A worker branch left by an earlier rush, with a commit that is not on main.
     git(&repo.path, &["branch", "zerg/keep/worker-1"]);
     git(
@@ -653,7 +691,7 @@ fn a_hostile_environment_neither_redirects_git_nor_leaks_the_api_key() {
     const KEY: &str = "sk-zerg-e2e-secret-0123456789abcdef";
     let repo = TestRepo::new();
     repo.write_graph("envf", &graph_12("envf"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // What the agent CLI of one task sees, dumped outside the repository.
     let seen = tempfile::tempdir().unwrap();
     let dump = seen.path().join("env");
@@ -812,17 +850,13 @@ fn curl_grpc(socket: &Path, method: &str, message: &[u8]) -> (bool, Vec<u8>, Str
 
 #[test]
 fn a_client_that_is_not_rust_drives_the_control_api_and_discovers_it_by_reflection() {
-    if std::process::Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: curl is not installed");
+    if let Err(e) = std::process::Command::new("curl").arg("--version").output() {
+        skip(&format!("cannot run curl ({e}): install curl"));
         return;
     }
     let repo = TestRepo::new();
     repo.write_graph("curl", &graph_12("curl"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let d = Daemon::start();
     assert!(
         d.ctl_in(&repo.path, &["rush", "curl", "--workers", "2", "--detach"])
@@ -876,17 +910,13 @@ impl Drop for Tmux {
 
 #[test]
 fn the_live_view_on_a_terminal_has_one_line_per_worker_and_no_routine_lines() {
-    if std::process::Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: tmux is not installed");
+    if let Err(e) = std::process::Command::new("tmux").arg("-V").output() {
+        skip(&format!("cannot run tmux ({e}): install tmux"));
         return;
     }
     let repo = TestRepo::new();
     repo.write_graph("lv", &graph_12("lv"));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // Slow tasks, so that the screen is captured mid-level.
     repo.write_script(
         "lv",
@@ -919,19 +949,18 @@ fn the_live_view_on_a_terminal_has_one_line_per_worker_and_no_routine_lines() {
     d.wait_for(&repo.path, "lv", T, "three tasks running", |s| {
         tasks_with(s, "in_progress").len() == 3
     });
-    // The view redraws a few times a second; look until it shows every worker.
+    // The view redraws a few times a second; look until it shows every worker at its task.
     let mut screen = String::new();
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(200));
+    poll(T, || {
         screen = String::from_utf8_lossy(&tmux.run(&["capture-pane", "-p"]).stdout).to_string();
-        if (0..3).all(|w| {
-            screen
-                .lines()
-                .any(|l| l.trim_start().starts_with(&format!("W{w} ")))
-        }) {
-            break;
-        }
-    }
+        (0..3).all(|w| {
+            screen.lines().any(|l| {
+                l.trim_start().starts_with(&format!("W{w} "))
+                    && l.contains("running")
+                    && l.contains("-L1-")
+            })
+        })
+    });
     for w in 0..3 {
         let lines: Vec<&str> = screen
             .lines()
@@ -969,7 +998,11 @@ fn a_verification_that_prints_10_mb_passes_and_a_failing_one_shows_its_tail_in_s
                           "timeout_seconds": 120}}
     ]});
     repo.write_graph("loud", &graph.to_string());
-    repo.write_config(&format!("{FAST_WORKERS}  retry_attempts: 0\n"));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "loud", "--workers", "2"]);
     assert!(!out.status.success(), "one task fails its verification");
