@@ -359,7 +359,7 @@ impl DaemonBuilder {
 
     /// Gives git a commit identity in zergd's home ([`IDENTITY`] as `user.name` and
     /// `user.email` in its `.gitconfig`), for a test about what happens where git has one. By
-    /// default it has none, as on a fresh machine.
+    /// default it has none, as on a fresh machine, and may not guess one (`user.useConfigOnly`).
     pub fn git_identity(mut self) -> DaemonBuilder {
         self.git_identity = true;
         self
@@ -374,16 +374,15 @@ impl DaemonBuilder {
         let socket = dir.path().join("run").join("zergd.sock");
         let home = dir.path().join("home");
         std::fs::create_dir_all(home.join(".config")).expect("mkdir home");
-        if self.git_identity {
-            std::fs::write(
-                home.join(".gitconfig"),
-                format!(
-                    "[user]\n\tname = {}\n\temail = {}\n",
-                    IDENTITY.0, IDENTITY.1
-                ),
-            )
+        // Without an identity git may not guess one from the host name either, as it would
+        // where the machine's name has a domain.
+        let user = if self.git_identity {
+            format!("\tname = {}\n\temail = {}\n", IDENTITY.0, IDENTITY.1)
+        } else {
+            "\tuseConfigOnly = true\n".to_string()
+        };
+        std::fs::write(home.join(".gitconfig"), format!("[user]\n{user}"))
             .expect("write .gitconfig");
-        }
         let mut d = Daemon {
             child: None,
             dir,

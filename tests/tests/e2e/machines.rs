@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use zerg_tests::*;
@@ -24,30 +24,6 @@ fn text(out: &std::process::Output) -> String {
 fn write_exec(path: &Path, body: &str) {
     std::fs::write(path, body).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-/// The environment of a machine whose git knows nobody: an empty home, no system config, and
-/// none of git's identity variables.
-fn without_git_identity(home: &Path) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("HOME".to_string(), home.display().to_string()),
-        (
-            "XDG_CONFIG_HOME".to_string(),
-            home.join(".config").display().to_string(),
-        ),
-        ("GIT_CONFIG_NOSYSTEM".to_string(), "1".to_string()),
-    ];
-    for v in [
-        "GIT_CONFIG_GLOBAL",
-        "GIT_AUTHOR_NAME",
-        "GIT_AUTHOR_EMAIL",
-        "GIT_COMMITTER_NAME",
-        "GIT_COMMITTER_EMAIL",
-        "EMAIL",
-    ] {
-        env.push((v.to_string(), String::new()));
-    }
-    env
 }
 
 /// Processes whose working directory is under `dir` (a deleted one included).
@@ -72,7 +48,7 @@ fn processes_in(dir: &Path) -> Vec<(i32, String)> {
 fn as_root_a_rush_whose_agent_skips_permissions_is_refused_at_start_with_the_choices() {
     let repo = TestRepo::new();
     repo.write_graph("root", &graph_wide("root", 1, 1));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let seen = tempfile::tempdir().unwrap();
     let dump = seen.path().join("env");
     repo.write_script(
@@ -115,11 +91,9 @@ fn as_root_a_rush_whose_agent_skips_permissions_is_refused_at_start_with_the_cho
 
 #[test]
 fn without_a_git_identity_the_merges_are_by_zergs_identity_or_the_configured_one() {
-    let home = tempfile::tempdir().unwrap();
     let repo = TestRepo::new();
-    // Nor may git guess one from the host name.
-    git(&repo.path, &["config", "user.useConfigOnly", "true"]);
-    let d = Daemon::start_with_env(without_git_identity(home.path()));
+    // The test zergd's git has no identity (and may not guess one from the host name).
+    let d = Daemon::start();
     let merges = |feature: &str| -> Vec<String> {
         git(
             &repo.path,
@@ -136,7 +110,7 @@ fn without_a_git_identity_the_merges_are_by_zergs_identity_or_the_configured_one
     };
 
     repo.write_graph("anon", &graph_wide("anon", 2, 2));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let out = d.ctl_in(&repo.path, &["rush", "anon", "--workers", "2"]);
     assert!(out.status.success(), "{}\n{}", text(&out), d.log());
     assert!(
@@ -153,9 +127,12 @@ fn without_a_git_identity_the_merges_are_by_zergs_identity_or_the_configured_one
     );
 
     repo.write_graph("named", &graph_wide("named", 2, 2));
-    repo.write_config(&format!(
-        "{FAST_WORKERS}git:\n  identity: {{name: Merge Bot, email: bot@example.com}}\n"
-    ));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("git.identity.name", "Merge Bot")
+            .set("git.identity.email", "bot@example.com"),
+    );
     let out = d.ctl_in(&repo.path, &["rush", "named", "--workers", "2"]);
     assert!(out.status.success(), "{}\n{}", text(&out), d.log());
     let m = merges("named");
@@ -165,13 +142,30 @@ fn without_a_git_identity_the_merges_are_by_zergs_identity_or_the_configured_one
             .all(|l| l == "Merge Bot <bot@example.com>|Merge Bot <bot@example.com>"),
         "{m:?}"
     );
+    drop(d);
+
+    // Where git has an identity, the merges are by it, and nobody is warned.
+    let d = Daemon::builder().git_identity().start();
+    repo.write_graph("own", &graph_wide("own", 2, 2));
+    let out = d.ctl_in(&repo.path, &["rush", "own", "--workers", "2"]);
+    assert!(out.status.success(), "{}\n{}", text(&out), d.log());
+    assert!(
+        !text(&out).contains("git has no identity"),
+        "{}",
+        text(&out)
+    );
+    let m = merges("own");
+    assert!(m.len() >= 2, "{m:?}");
+    let (name, email) = IDENTITY;
+    let who = format!("{name} <{email}>");
+    assert!(m.iter().all(|l| *l == format!("{who}|{who}")), "{m:?}");
 }
 
 #[test]
 fn the_users_commit_hooks_do_not_stall_a_rush() {
     let repo = TestRepo::new();
     repo.write_graph("hooks", &graph_wide("hooks", 2, 2));
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     // As commitlint (through husky or pre-commit) and a failing linter set them up.
     let hooks = repo.path.join(".git/hooks");
     std::fs::create_dir_all(&hooks).unwrap();
@@ -218,7 +212,7 @@ fn a_worker_committed_gitattributes_runs_no_filter_of_zergds_user_in_the_staging
          "files": {"create": ["c.txt", "d.md"], "modify": [], "read": []}}
     ]});
     repo.write_graph("attr", &graph.to_string());
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     repo.write_script(
         "attr",
         &json!({"tasks": {"A-L1-001": [
@@ -266,7 +260,7 @@ fn a_worker_whose_zergd_socket_and_worktree_are_gone_exits() {
         {"id": "O-L2-001", "title": "later", "level": 2, "dependencies": ["O-L1-002"], "files": {"create": ["c.txt"], "modify": [], "read": []}}
     ]});
     repo.write_graph("orphan", &graph.to_string());
-    repo.write_config("workers:\n  heartbeat_interval_seconds: 0.5\n");
+    repo.configure(&Config::fake_agent().set("workers.heartbeat_interval_seconds", 0.5));
     repo.write_script("orphan", &json!({"tasks": {"O-L1-001": [{"op": "hang"}]}}));
     // Workers that would wait for their zergd for more than a day.
     let d = Daemon::start_with_env(vec![(
@@ -296,10 +290,7 @@ fn a_worker_whose_zergd_socket_and_worktree_are_gone_exits() {
     d.kill9();
     std::fs::remove_dir_all(d.socket.parent().unwrap().join("w")).unwrap();
     std::fs::remove_dir_all(repo.path.join(".zerg-worktrees")).unwrap();
-    let deadline = Instant::now() + T;
-    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll(T, || !pids.iter().any(|p| alive(*p)));
     let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
     for p in &left {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p), nix::sys::signal::SIGKILL);
@@ -374,14 +365,11 @@ fn an_interrupted_demo_leaves_no_process_behind() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("{zergd_line}"));
     // Ready: an agent runs.
-    let deadline = Instant::now() + T;
-    while std::fs::read_to_string(&started)
-        .unwrap_or_default()
-        .is_empty()
-    {
-        assert!(Instant::now() < deadline, "no agent started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(T, "an agent to start", || {
+        !std::fs::read_to_string(&started)
+            .unwrap_or_default()
+            .is_empty()
+    });
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(demo.id() as i32),
         nix::sys::signal::SIGINT,

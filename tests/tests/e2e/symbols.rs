@@ -245,7 +245,7 @@ fn level_two_prompts_show_what_level_one_wrote_and_only_related_files() {
             "SYM-L2-002": [{"op": "append", "path": "shop/store.py", "content": "\n\ndef default_store() -> Store:\n    return Store()\n"}],
         }}),
     );
-    repo.write_config(FAST_WORKERS);
+    repo.configure(&Config::fake_agent().fast_workers());
     let log = marks.path().join("prompts.jsonl");
     let d = Daemon::start_with_env(vec![("FAKE_CLAUDE_LOG".into(), log.display().to_string())]);
     let out = d.ctl_in(&repo.path, &["rush", "sym", "--workers", "2"]);
