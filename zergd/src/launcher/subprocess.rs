@@ -4,8 +4,10 @@
 //! starts can be signalled together), with cwd = its worktree and output appended to
 //! `.zerg/logs/worker-<N>.log`. tokio reaps the child and reports the exit code at once.
 
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::process::Stdio;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -17,6 +19,36 @@ use super::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, Worker
 /// Launches workers as child processes of zergd.
 #[derive(Debug, Default, Clone)]
 pub struct SubprocessLauncher;
+
+/// The SIGKILL deadlines of the workers being stopped, by pid. A worker agent exits at SIGTERM;
+/// the rest of its process group (the agent CLI and whatever it started) keeps the grace period
+/// all the same, so the exit of the agent does not bring the SIGKILL forward.
+static STOPPING: LazyLock<Mutex<HashMap<i32, tokio::time::Instant>>> =
+    LazyLock::new(Mutex::default);
+
+/// The stop deadline of the worker `pid`, if it is being stopped.
+fn stop_deadline(pid: i32) -> Option<tokio::time::Instant> {
+    STOPPING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&pid)
+        .copied()
+}
+
+/// Whether any process is left in the process group `pgid`.
+fn group_alive(pgid: i32) -> bool {
+    !matches!(
+        killpg(Pid::from_raw(pgid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// Waits until the process group `pgid` is empty or `deadline` has passed.
+async fn wait_group(pgid: i32, deadline: tokio::time::Instant) {
+    while group_alive(pgid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// The environment every subprocess worker gets (the `ZERG_*` variables of the original, plus
 /// the worker's token), with host paths.
@@ -97,8 +129,12 @@ impl Launcher for SubprocessLauncher {
                     Err(_) => ExitInfo::Vanished,
                 };
                 // Whatever the worker started (the agent CLI, a verification command) must not
-                // outlive it and keep writing into a worktree that is about to be reused.
+                // outlive it and keep writing into a worktree that is about to be reused. When
+                // the worker is being stopped, what it started gets the rest of the grace first.
                 if let Some(pid) = pid {
+                    if let Some(deadline) = stop_deadline(pid) {
+                        wait_group(pid, deadline).await;
+                    }
                     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                 }
                 on_exit(info);
@@ -117,17 +153,24 @@ impl Launcher for SubprocessLauncher {
             if !same_process(&worker) {
                 return;
             }
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
             let deadline = tokio::time::Instant::now() + grace;
-            while tokio::time::Instant::now() < deadline {
-                if !same_process(&worker) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            STOPPING
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(pid, deadline);
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+            // The whole group gets the grace, not only the worker agent (which exits at
+            // SIGTERM).
+            wait_group(pid, deadline).await;
             // The group outlived its grace period (or is stopped): SIGKILL works on stopped
             // processes too.
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            if group_alive(pid) {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            STOPPING
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&pid);
         })
     }
 
