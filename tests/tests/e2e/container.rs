@@ -161,15 +161,11 @@ pub(crate) fn containers_of(rush_id: &str, all: bool) -> Vec<String> {
 }
 
 pub(crate) fn wait_no_containers(rush_id: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !containers_of(rush_id, true).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "containers left behind: {:?}",
-            containers_of(rush_id, true)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(
+        poll(T, || containers_of(rush_id, true).is_empty()),
+        "containers left behind: {:?}",
+        containers_of(rush_id, true)
+    );
 }
 
 /// The container of the worker running `task`.
@@ -328,14 +324,7 @@ fn docker_kill_of_a_worker_container_mid_task_is_reassigned() {
     let id = container_running(&st, "G-L2-001").unwrap();
     // Kill only once the agent CLI is really running inside the container.
     let mid = ctx.marks.join("dk-mid-task");
-    let deadline = Instant::now() + T;
-    while !mid.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never started G-L2-001"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(T, "the agent to start G-L2-001", || mid.exists());
     docker(&["kill", &id]);
     let st = d.wait_end(&repo.path, "dk", T);
     assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
@@ -575,7 +564,9 @@ fn stop_force_removes_a_container_whose_agent_ignores_sigterm() {
     }
     let repo = TestRepo::new();
     repo.write_graph("st", &graph_12("st"));
-    container_config(&repo, IMAGE);
+    // A grace period no wait below outlasts: the containers can only go in time if `--force`
+    // skips it.
+    repo.configure(&container_cfg(IMAGE).set("workers.stop_grace_seconds", 3600));
     repo.write_script(
         "st",
         &json!({"default": [{"op": "shell", "command": "trap '' TERM; while :; do sleep 1; done"}]}),
@@ -592,16 +583,7 @@ fn stop_force_removes_a_container_whose_agent_ignores_sigterm() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // `--force` has no grace period: the engine kills at once. Allow for the engine's own
-    // latency on a loaded machine, nothing more.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !containers_of(&rush_id, true).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "containers still there after stop --force: {:?}",
-            containers_of(&rush_id, true)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // `--force` has no grace period: the engine kills at once, and the containers go.
+    wait_no_containers(&rush_id);
     assert_eq!(d.status(&repo.path, "st").unwrap()["state"], "stopped");
 }

@@ -12,7 +12,6 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use zerg_tests::*;
@@ -218,20 +217,17 @@ fn hostile_worker_cannot_change_host_files_or_the_hosts_claude_login() {
 
     // Force spawn after spawn of the other slot while the swapping goes on: each respawn
     // prepares the host for a new container.
-    let mut kills = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while kills < 25 && Instant::now() < deadline {
+    let kills = 10;
+    for killed in 0..kills {
         let st = d.wait_for(&repo.path, "grant", T, "worker 1 respawned", |s| {
-            s["workers"]["1"]["respawns"].as_u64() == Some(kills)
+            s["workers"]["1"]["respawns"].as_u64() == Some(killed)
                 && s["workers"]["1"]["status"] == "running"
                 && s["workers"]["1"]["container_id"]
                     .as_str()
                     .is_some_and(|c| !c.is_empty())
         });
         docker(&["kill", st["workers"]["1"]["container_id"].as_str().unwrap()]);
-        kills += 1;
     }
-    assert!(kills >= 10, "only {kills} respawns were forced");
     let st = d.wait_for(&repo.path, "grant", T, "the last respawn", |s| {
         s["workers"]["1"]["respawns"].as_u64() == Some(kills)
     });
@@ -293,15 +289,11 @@ fn hostile_worker_symlink_in_its_private_git_dir_is_not_followed_at_respawn() {
     let d = &ctx.d;
     start_detached(d, &repo, "trap", 1);
     let mark = ctx.marks.join("linked");
-    let deadline = Instant::now() + T;
-    while !mark.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the link was never made; {}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        poll(T, || mark.exists()),
+        "the link was never made; {}",
+        d.log()
+    );
     let st = d.status(&repo.path, "trap").unwrap();
     let id = st["workers"]["0"]["container_id"]
         .as_str()
@@ -316,15 +308,14 @@ fn hostile_worker_symlink_in_its_private_git_dir_is_not_followed_at_respawn() {
     );
     assert_eq!(st["state"], "complete", "{st}");
     let area = common.join("zerg").join("trap");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while area.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the rush's private git dirs and homes were not removed: {}",
+    wait_until(
+        T,
+        &format!(
+            "the rush's private git dirs and homes to be removed: {}",
             area.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        ),
+        || !area.exists(),
+    );
 }
 
 /// Finding 3: while tasks complete (each completion imports the container's objects), the
@@ -584,17 +575,11 @@ fn hostile_worker_log_flood_and_bad_bytes_do_not_break_logs() {
         ],
     );
     // Once the engine's copy is through, what a subprocess worker's output could hold.
-    let mirrored = Instant::now() + T;
-    while !std::fs::read(&log_path)
-        .unwrap_or_default()
-        .ends_with(b"zerg-attack: after the bad bytes\n")
-    {
-        assert!(
-            Instant::now() < mirrored,
-            "the container's output never arrived"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(T, "the container's output to arrive", || {
+        std::fs::read(&log_path)
+            .unwrap_or_default()
+            .ends_with(b"zerg-attack: after the bad bytes\n")
+    });
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
