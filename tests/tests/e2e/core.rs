@@ -293,8 +293,13 @@ fn a_task_that_fails_for_good_ends_the_rush_with_dependents_blocked() {
             .fast_workers()
             .set("workers.retry_attempts", 1),
     );
-    // G-L1-002 always exits 1: every L2 and L3 task depends on it.
-    repo.write_script("fail", &json!({"tasks": {"G-L1-002": [{"op": "stderr", "text": "boom"}, {"op": "exit", "code": 1}]}}));
+    // G-L1-002 exits 1 on both its attempts (every L2 and L3 task depends on it); the cause is
+    // gone by the attempt after `retry`.
+    let boom = json!([{"op": "stderr", "text": "boom"}, {"op": "exit", "code": 1}]);
+    repo.write_script(
+        "fail",
+        &json!({"tasks": {"G-L1-002": {"attempts": [boom, boom, [{"op": "write_owned"}]]}}}),
+    );
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "fail", "--workers", "3"]);
     assert_eq!(
@@ -328,13 +333,7 @@ fn a_task_that_fails_for_good_ends_the_rush_with_dependents_blocked() {
     assert_eq!(tasks_with(&st, "complete").len(), 4);
     assert_eq!(repo.task_ids_on("zerg/fail/staging").len(), 4);
 
-    // Retry after fixing the cause completes the rush.
-    repo.write_script("fail", &json!({}));
-    std::fs::copy(
-        repo.path.join(".gsd/specs/fail/fake-claude.json"),
-        repo.path.join(".zerg/rush/fail/spec/fake-claude.json"),
-    )
-    .unwrap();
+    // Retry once the cause is gone completes the rush.
     let out = d.ctl_in(&repo.path, &["retry", "fail"]);
     assert!(
         out.status.success(),
