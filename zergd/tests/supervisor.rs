@@ -113,6 +113,9 @@ fn repo(dir: &Path) -> PathBuf {
          "files": {"create": ["c.txt"], "modify": [], "read": []}}
     ]});
     std::fs::write(r.join(".gsd/specs/f/task-graph.json"), graph.to_string()).unwrap();
+    // Committed, as users commit their specs.
+    git(&r, &["add", ".gsd"]);
+    git(&r, &["commit", "-q", "-m", "spec: f"]);
     std::fs::create_dir_all(r.join(".zerg")).unwrap();
     std::fs::write(
         r.join(".zerg/config.yaml"),
