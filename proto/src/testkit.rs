@@ -101,7 +101,9 @@ pub fn docker_engine() -> Result<(), String> {
             "no Docker engine reachable (docker info: {})",
             String::from_utf8_lossy(&o.stderr).trim()
         )),
-        Err(e) => Err(format!("no Docker engine reachable (cannot run docker: {e})")),
+        Err(e) => Err(format!(
+            "no Docker engine reachable (cannot run docker: {e})"
+        )),
     }
 }
 
@@ -146,8 +148,8 @@ mod tests {
             n == 3
         });
         assert_eq!(n, 3);
-        let e = std::panic::catch_unwind(|| wait_until(Duration::ZERO, "godot", || false))
-            .unwrap_err();
+        let e =
+            std::panic::catch_unwind(|| wait_until(Duration::ZERO, "godot", || false)).unwrap_err();
         let msg = e.downcast_ref::<String>().unwrap();
         assert!(msg.contains("waiting for godot"), "{msg}");
     }

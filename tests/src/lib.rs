@@ -882,8 +882,8 @@ pub fn real_claude() -> Option<PathBuf> {
         ),
         Err(e) => format!("cannot run {}: {e}", script.display()),
     };
-    let required = skipping_forbidden()
-        || std::env::var("ZERG_REQUIRE_REAL_CLAUDE").is_ok_and(|v| v == "1");
+    let required =
+        skipping_forbidden() || std::env::var("ZERG_REQUIRE_REAL_CLAUDE").is_ok_and(|v| v == "1");
     assert!(
         !required,
         "the real Claude Code CLI is required here: {why}"

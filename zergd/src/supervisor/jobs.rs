@@ -736,8 +736,7 @@ mod tests {
             Duration::from_secs(60),
             "the process the gate left behind to be killed",
             || {
-                let stat =
-                    std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
                 stat.is_empty() || stat.contains(") Z")
             },
         );
