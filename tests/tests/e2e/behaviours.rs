@@ -857,3 +857,33 @@ fn a_merge_conflict_resolved_as_documented_then_retry_completes_the_rush() {
         "resolved"
     );
 }
+
+#[test]
+fn service_without_home_exits_64_and_one_that_cannot_write_its_unit_exits_70() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = |home: Option<&std::path::Path>| {
+        let mut cmd = Command::new(bin("zergctl"));
+        cmd.args(["service", "install"])
+            .env_remove("HOME")
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null());
+        if let Some(h) = home {
+            cmd.env("HOME", h);
+        }
+        cmd.output().expect("zergctl runs")
+    };
+    let out = service(None);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A HOME that is a file: the unit's directory cannot be made.
+    let home = dir.path().join("home-is-a-file");
+    std::fs::write(&home, b"").unwrap();
+    let out = service(Some(&home));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(70), "{err}");
+    assert!(err.contains("cannot create"), "{err}");
+}

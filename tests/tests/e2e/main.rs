@@ -5,6 +5,7 @@ mod behaviours;
 mod chaos;
 mod cli;
 mod container;
+mod coverage;
 mod core;
 mod hostile;
 mod longrun;
