@@ -12,63 +12,38 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use zerg_tests::*;
 
 const T: Duration = Duration::from_secs(180);
 
-/// Worker settings for these tests: fast backoffs and reconciliation, and stale limits far
-/// above what a task that waits for the test takes, so that waiting is never mistaken for a
-/// hang. `overrides` replace keys of this block or add new ones (`("retry_attempts", "0")`).
-fn workers(overrides: &[(&str, &str)]) -> String {
-    let mut keys: Vec<(String, String)> = [
-        ("heartbeat_interval_seconds", "0.2"),
-        ("heartbeat_stale_threshold", "60"),
-        ("task_stale_timeout_seconds", "120"),
-        ("backoff_base_seconds", "0.1"),
-        ("backoff_max_seconds", "0.5"),
-        ("spawn_backoff_base_seconds", "0.1"),
-        ("spawn_backoff_max_seconds", "0.5"),
-        ("stop_grace_seconds", "0.5"),
-        ("spawn_ready_timeout_seconds", "20"),
-        ("reconcile_interval_seconds", "1"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    for (k, v) in overrides {
-        match keys.iter_mut().find(|(key, _)| key == k) {
-            Some(kv) => kv.1 = v.to_string(),
-            None => keys.push((k.to_string(), v.to_string())),
-        }
-    }
-    let mut s = String::from("workers:\n");
-    for (k, v) in keys {
-        s.push_str(&format!("  {k}: {v}\n"));
-    }
-    s
+/// The config of these tests: the fake agent, fast backoffs and reconciliation, and stale
+/// limits far above what a task that waits for the test takes, so that waiting is never
+/// mistaken for a hang.
+fn config() -> Config {
+    Config::fake_agent()
+        .fast_workers()
+        .set("workers.heartbeat_stale_threshold", 60)
+        .set("workers.task_stale_timeout_seconds", 120)
 }
 
-/// Polls `pred` until it returns `Some`, panicking with `what` and `context()` after `T`.
-fn wait_until<R>(
+/// [`poll`] for a value: waits until `ready` returns `Some`, panicking with `what` and
+/// `context()` once `T` has passed (which only bounds a hung test).
+fn wait_value<R>(
     what: &str,
     context: impl Fn() -> String,
-    mut pred: impl FnMut() -> Option<R>,
+    mut ready: impl FnMut() -> Option<R>,
 ) -> R {
-    let deadline = Instant::now() + T;
-    loop {
-        if let Some(r) = pred() {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let mut got = None;
+    if !poll(T, || {
+        got = ready();
+        got.is_some()
+    }) {
+        panic!("timed out waiting for {what}\n{}", context());
     }
+    got.expect("ready")
 }
 
 /// A directory of files through which the test and the scripted agents signal each other.
@@ -154,7 +129,7 @@ impl Follower {
 
     /// Waits until the output holds `needle`.
     fn wait_for(&self, needle: &str) {
-        wait_until(
+        wait_value(
             &format!("zergctl to print {needle:?}"),
             || format!("printed so far:\n{}", self.text()),
             || self.text().contains(needle).then_some(()),
@@ -164,7 +139,7 @@ impl Follower {
     /// Waits for the child to exit by itself and returns how.
     fn wait_exit(&mut self) -> std::process::ExitStatus {
         let out = self.out.clone();
-        wait_until(
+        wait_value(
             "zergctl to exit",
             || format!("printed so far:\n{}", out.lock().expect("lock")),
             || self.child.try_wait().expect("try_wait"),
@@ -207,10 +182,7 @@ fn a_failed_required_gate_pauses_the_rush_and_retry_resumes_it_once_the_user_fix
     let repo = TestRepo::new();
     repo.write_graph("gate", &two_levels("gate", "Q"));
     // The gate checks the merged code on staging for a file that only the user adds.
-    repo.write_config(&format!(
-        "{}quality_gates:\n  - {{name: release-check, command: 'echo checking; test -f approved.txt', required: true, timeout: 60}}\n",
-        workers(&[])
-    ));
+    repo.configure(&config().gate("release-check", "echo checking; test -f approved.txt", true));
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "gate", "--workers", "1"]);
     let followed = String::from_utf8_lossy(&out.stdout).to_string();
@@ -268,10 +240,7 @@ fn a_failed_required_gate_pauses_the_rush_and_retry_resumes_it_once_the_user_fix
 fn an_optional_gate_that_fails_is_logged_and_the_rush_goes_on() {
     let repo = TestRepo::new();
     repo.write_graph("opt", &two_levels("opt", "O"));
-    repo.write_config(&format!(
-        "{}quality_gates:\n  - {{name: advisory, command: 'echo advisory-says-no; exit 3', required: false, timeout: 60}}\n",
-        workers(&[])
-    ));
+    repo.configure(&config().gate("advisory", "echo advisory-says-no; exit 3", false));
     let d = Daemon::start();
     let out = d.ctl_in(&repo.path, &["rush", "opt", "--workers", "1"]);
     ok(&out);
@@ -309,15 +278,18 @@ fn tiers_graph(feature: &str) -> String {
 }
 
 /// Tier N fails for the task `V-L1-00N` only; each tier prints that it ran.
-fn tiers_config(blocking: [bool; 3]) -> String {
-    let mut s = String::from("verification_tiers:\n  timeout_seconds: 60\n");
+fn tiers_config(mut config: Config, blocking: [bool; 3]) -> Config {
+    config = config.set("verification_tiers.timeout_seconds", 60);
     for (i, b) in blocking.iter().enumerate() {
         let n = i + 1;
-        s.push_str(&format!(
-            "  tier{n}_command: 'echo tier{n}-ran; test \"$ZERG_TASK_ID\" != V-L1-00{n}'\n  tier{n}_blocking: {b}\n"
-        ));
+        config = config
+            .set(
+                &format!("verification_tiers.tier{n}_command"),
+                format!("echo tier{n}-ran; test \"$ZERG_TASK_ID\" != V-L1-00{n}"),
+            )
+            .set(&format!("verification_tiers.tier{n}_blocking"), b);
     }
-    s
+    config
 }
 
 #[test]
@@ -333,10 +305,9 @@ fn verification_tiers_one_to_three_run_and_only_a_blocking_failure_fails_the_tas
         .map(|(feature, blocking)| {
             let repo = TestRepo::new();
             repo.write_graph(feature, &tiers_graph(feature));
-            repo.write_config(&format!(
-                "{}{}",
-                workers(&[("retry_attempts", "0")]),
-                tiers_config(*blocking)
+            repo.configure(&tiers_config(
+                config().set("workers.retry_attempts", 0),
+                *blocking,
             ));
             ok(&d.ctl_in(&repo.path, &["rush", feature, "--workers", "2", "--detach"]));
             repo
@@ -406,7 +377,7 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
         .to_string(),
     );
     // Long enough for the test to see the agent survive SIGTERM; the test waits it out once.
-    repo.write_config(&workers(&[("stop_grace_seconds", "15")]));
+    repo.configure(&config().set("workers.stop_grace_seconds", 15));
     // The agent records SIGTERM and goes on; asked after it, it says it is still alive. Its
     // output goes nowhere: the worker agent that read it is gone at SIGTERM, and a write to
     // the closed pipe would end it by SIGPIPE.
@@ -423,7 +394,7 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
     );
     let d = Daemon::start();
     ok(&d.ctl_in(&repo.path, &["rush", "trap", "--workers", "1", "--detach"]));
-    let agent: i32 = wait_until(
+    let agent: i32 = wait_value(
         "the agent to start",
         || d.log(),
         || sig.read("agent.pid").trim().parse().ok(),
@@ -438,7 +409,7 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
     );
 
     ok(&d.ctl_in(&repo.path, &["stop", "trap"]));
-    wait_until(
+    wait_value(
         "SIGTERM to reach the agent",
         || {
             format!(
@@ -454,7 +425,7 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
     );
     // SIGTERM did not end it, and no SIGKILL came with it: it still answers.
     sig.touch("ask");
-    wait_until(
+    wait_value(
         "the agent to answer after SIGTERM",
         || {
             format!(
@@ -470,7 +441,7 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
         },
     );
     // Only SIGKILL ends a loop that traps SIGTERM; the whole group goes with it.
-    wait_until(
+    wait_value(
         "the worker's process group to be killed",
         || format!("members: {:?}", group_members(worker)),
         || group_members(worker).is_empty().then_some(()),
@@ -501,7 +472,7 @@ fn retry_of_named_tasks_requeues_only_those_and_reset_zeroes_their_attempts() {
         ]})
         .to_string(),
     );
-    repo.write_config(&workers(&[("retry_attempts", "1")]));
+    repo.configure(&config().set("workers.retry_attempts", 1));
     // Both level-1 tasks fail their first two attempts and succeed from the third on.
     let flaky = json!({"attempts": [
         [{"op": "stderr", "text": "flaky"}, {"op": "exit", "code": 1}],
@@ -574,7 +545,7 @@ fn logs_follow_prints_lines_the_worker_writes_after_it_started() {
         ]})
         .to_string(),
     );
-    repo.write_config(&workers(&[]));
+    repo.configure(&config());
     repo.write_script(
         "lf",
         &json!({"default": [sig.wait_op("go"), {"op": "write_owned"}]}),
@@ -585,7 +556,7 @@ fn logs_follow_prints_lines_the_worker_writes_after_it_started() {
     let log = repo.path.join(".zerg/logs/worker-0.log");
     let started = "zerg-worker-agent: task L-L1-001 (attempt 1";
     let finished = "zerg-worker-agent: task L-L1-001 committed";
-    wait_until(
+    wait_value(
         "the worker log to name the task",
         || d.log(),
         || {
@@ -618,7 +589,7 @@ fn status_watch_exits_0_when_the_rush_ends_even_failed() {
         ]})
         .to_string(),
     );
-    repo.write_config(&workers(&[("retry_attempts", "0")]));
+    repo.configure(&config().set("workers.retry_attempts", 0));
     repo.write_script(
         "sw",
         &json!({"default": [sig.wait_op("go"), {"op": "exit", "code": 1}]}),
@@ -651,7 +622,7 @@ fn ctrl_c_detaches_from_a_followed_rush_with_exit_0_and_the_rush_goes_on() {
     let sig = Signals::new();
     let repo = TestRepo::new();
     repo.write_graph("cc", &two_levels("cc", "C"));
-    repo.write_config(&workers(&[]));
+    repo.configure(&config());
     repo.write_script(
         "cc",
         &json!({"tasks": {"C-L1-001": [sig.wait_op("go"), {"op": "write_owned"}]}}),
@@ -715,7 +686,7 @@ fn reconciliation_in_a_live_zergd_fixes_drifted_state_and_logs_each_fix() {
         ]})
         .to_string(),
     );
-    repo.write_config(&workers(&[("reconcile_interval_seconds", "0.5")]));
+    repo.configure(&config().set("workers.reconcile_interval_seconds", 0.5));
     repo.write_script(
         "rec",
         &json!({"tasks": {"N-L1-001": [sig.wait_op("go"), {"op": "write_owned"}]}}),
@@ -739,7 +710,7 @@ fn reconciliation_in_a_live_zergd_fixes_drifted_state_and_logs_each_fix() {
     state["levels"]["2"]["status"] = json!("complete");
     std::fs::write(&path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
     d.restart();
-    let log = wait_until(
+    let log = wait_value(
         "reconciliation to log its fixes",
         || monitor(&repo),
         || {
@@ -781,7 +752,7 @@ fn a_merge_conflict_resolved_as_documented_then_retry_completes_the_rush() {
         ]})
         .to_string(),
     );
-    repo.write_config(&workers(&[]));
+    repo.configure(&config());
     // A barrier: each level-1 task waits until both have started, so two workers hold them.
     let barrier = |me: &str| {
         json!({"op": "shell", "command": format!(
@@ -828,14 +799,8 @@ fn a_merge_conflict_resolved_as_documented_then_retry_completes_the_rush() {
     let merge = Command::new("git")
         .arg("-C")
         .arg(&staging)
-        .args([
-            "-c",
-            "user.name=zerg test",
-            "-c",
-            "user.email=test@zerg.invalid",
-            "merge",
-            &head,
-        ])
+        .args(["-c", &format!("user.name={}", IDENTITY.0)])
+        .args(["-c", &format!("user.email={}", IDENTITY.1), "merge", &head])
         .output()
         .unwrap();
     assert!(
