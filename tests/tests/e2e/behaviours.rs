@@ -92,6 +92,7 @@ fn monitor(repo: &TestRepo) -> String {
 struct Follower {
     child: Child,
     out: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Follower {
@@ -108,19 +109,28 @@ impl Follower {
         let out = Arc::new(Mutex::new(String::new()));
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
-        Self::collect(stdout, out.clone());
-        Self::collect(stderr, out.clone());
-        Follower { child, out }
+        let readers = vec![
+            Self::collect(stdout, out.clone()),
+            Self::collect(stderr, out.clone()),
+        ];
+        Follower {
+            child,
+            out,
+            readers,
+        }
     }
 
-    fn collect(stream: impl std::io::Read + Send + 'static, sink: Arc<Mutex<String>>) {
+    fn collect(
+        stream: impl std::io::Read + Send + 'static,
+        sink: Arc<Mutex<String>>,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 let mut s = sink.lock().expect("lock");
                 s.push_str(&line);
                 s.push('\n');
             }
-        });
+        })
     }
 
     fn text(&self) -> String {
@@ -136,14 +146,18 @@ impl Follower {
         );
     }
 
-    /// Waits for the child to exit by itself and returns how.
+    /// Waits for the child to exit by itself and returns how, once all it printed is read.
     fn wait_exit(&mut self) -> std::process::ExitStatus {
         let out = self.out.clone();
-        wait_value(
+        let status = wait_value(
             "zergctl to exit",
             || format!("printed so far:\n{}", out.lock().expect("lock")),
             || self.child.try_wait().expect("try_wait"),
-        )
+        );
+        for r in self.readers.drain(..) {
+            r.join().expect("reader");
+        }
+        status
     }
 }
 
@@ -641,6 +655,11 @@ fn ctrl_c_detaches_from_a_followed_rush_with_exit_0_and_the_rush_goes_on() {
     .expect("SIGINT");
     let code = rush.wait_exit();
     assert_eq!(code.code(), Some(0), "{}", rush.text());
+    assert!(
+        rush.text().contains("Detached; the rush goes on"),
+        "{}",
+        rush.text()
+    );
     let st = d.status(&repo.path, "cc").expect("status");
     assert_eq!(st["state"], "running", "the rush goes on: {st}");
     assert_eq!(st["tasks"]["C-L1-001"]["status"], "in_progress", "{st}");
