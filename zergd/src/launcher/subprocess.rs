@@ -35,12 +35,26 @@ fn stop_deadline(pid: i32) -> Option<tokio::time::Instant> {
         .copied()
 }
 
-/// Whether any process is left in the process group `pgid`.
+/// Whether a live process is left in the process group `pgid`. A zombie counts for kill(2)
+/// but runs nothing, and an orphan's zombie lasts until whoever adopted it reaps it: it does
+/// not keep the group. Without `/proc`, any member does.
 fn group_alive(pgid: i32) -> bool {
-    !matches!(
+    if matches!(
         killpg(Pid::from_raw(pgid), None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    ) {
+        return false;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    procs.flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(proc_state_pgrp)
+            .is_some_and(|(state, pgrp)| pgrp == pgid && state != 'Z' && state != 'X')
+    })
 }
 
 /// Waits until the process group `pgid` is empty or `deadline` has passed.
@@ -199,6 +213,16 @@ pub fn same_process(worker: &Spawned) -> bool {
     }
 }
 
+/// State and process group (fields 3 and 5 of `/proc/<pid>/stat`).
+fn proc_state_pgrp(pid: i32) -> Option<(char, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgrp = fields.nth(1)?.parse().ok()?;
+    Some((state, pgrp))
+}
+
 /// Start time (field 22 of `/proc/<pid>/stat`).
 pub fn proc_start_time(pid: i32) -> Option<u64> {
     proc_stat(pid).map(|(_, s)| s)
@@ -217,6 +241,33 @@ fn proc_stat(pid: i32) -> Option<(char, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_is_alive_while_a_live_process_is_in_it_and_not_with_only_a_zombie() {
+        use std::os::unix::process::CommandExt;
+        let mut live = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = live.id() as i32;
+        assert!(group_alive(pgid));
+        live.kill().unwrap();
+        live.wait().unwrap();
+        assert!(!group_alive(pgid), "an empty group");
+        // An exited child not yet reaped: a zombie, the only member of its group.
+        let mut zombie = std::process::Command::new("true")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = zombie.id() as i32;
+        while proc_state_pgrp(pgid).is_some_and(|(state, _)| state != 'Z') {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(killpg(Pid::from_raw(pgid), None).is_ok(), "kill(2) sees it");
+        assert!(!group_alive(pgid), "a zombie does not keep the group");
+        zombie.wait().unwrap();
+    }
 
     #[test]
     fn own_process_is_alive_and_start_time_matters() {
