@@ -54,6 +54,19 @@ fn readme_keys(readme: &str, first: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `src` defines `fn name(` as a test: `#[test]` or `#[tokio::test…]` among the three
+/// lines before it.
+fn defines_test(src: &str, name: &str) -> bool {
+    let Some(at) = src.find(&format!("fn {name}(")) else {
+        return false;
+    };
+    src[..at]
+        .lines()
+        .rev()
+        .take(4)
+        .any(|l| l.contains("#[test]") || l.contains("#[tokio::test"))
+}
+
 /// What is wrong with the coverage map `map` against `readme`; `test_exists(path, name)` says
 /// whether `path` (relative to the repository root) defines `fn name(`.
 fn problems(map: &str, readme: &str, test_exists: impl Fn(&str, &str) -> bool) -> Vec<String> {
@@ -74,7 +87,7 @@ fn problems(map: &str, readme: &str, test_exists: impl Fn(&str, &str) -> bool) -
                 match t.rsplit_once("::") {
                     Some((path, name)) if test_exists(path, name) => {}
                     Some((path, name)) => {
-                        out.push(format!("row {claim:?}: no `fn {name}(` in {path}"))
+                        out.push(format!("row {claim:?}: no test `fn {name}(` in {path}"))
                     }
                     None => out.push(format!("row {claim:?}: {t:?} is not `path::function`")),
                 }
@@ -113,8 +126,7 @@ fn every_documented_behaviour_names_a_test_that_exists() {
     let map = read("docs/testing.md");
     let readme = read("README.md");
     let exists = |path: &str, name: &str| {
-        std::fs::read_to_string(root.join(path))
-            .is_ok_and(|src| src.contains(&format!("fn {name}(")))
+        std::fs::read_to_string(root.join(path)).is_ok_and(|src| defines_test(&src, name))
     };
     // The README tables this check reads are where it expects them.
     for first in ["Failure", "Command", "Code"] {
@@ -163,9 +175,18 @@ fn the_coverage_check_reports_empty_rows_missing_tests_and_uncovered_readme_rows
         p,
         vec![
             "row \"`zergctl service [install\\\\|print]`\" names no test".to_string(),
-            "row \"Exit code 64: bad usage\": no `fn gone(` in a.rs".to_string(),
+            "row \"Exit code 64: bad usage\": no test `fn gone(` in a.rs".to_string(),
             "the README's \"zergd is killed\" has no row in docs/testing.md".to_string(),
             "the README's \"Exit code 6\" has no row in docs/testing.md".to_string(),
         ]
     );
+}
+
+#[test]
+fn only_a_function_marked_as_a_test_counts() {
+    let src = "fn helper() {}\n\n#[test]\nfn plain() {}\n\n#[tokio::test(flavor = \"multi_thread\")]\n#[ignore]\nasync fn asynchronous() {}\n";
+    assert!(defines_test(src, "plain"));
+    assert!(defines_test(src, "asynchronous"));
+    assert!(!defines_test(src, "helper"));
+    assert!(!defines_test(src, "missing"));
 }
