@@ -315,16 +315,8 @@ pub fn rotate_logs(
 mod tests {
     use super::*;
 
-    fn git_ok(dir: &Path, args: &[&str]) {
-        let out = std::process::Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-    }
+    /// Git with the tests' explicit identity.
+    use zerg_proto::testkit::git as git_ok;
 
     /// A repository with one ended rush of `f`: state files, two worker worktrees (one dirty),
     /// their branches and a staging branch, and logs.

@@ -27,7 +27,7 @@ const LIMIT: Duration = Duration::from_secs(900);
 const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_grace_seconds: 2\n";
 
 /// Scenario names for `--only`, in the order they run.
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 13] = [
     "git",
     "demo",
     "throughput",
@@ -38,6 +38,9 @@ const SCENARIOS: [&str; 10] = [
     "noisy",
     "reconcile",
     "container",
+    "soak",
+    "concurrent",
+    "restart",
 ];
 
 struct Opts {
@@ -192,6 +195,19 @@ fn main() {
     }
     if want("container") {
         record(&mut results, "container_ready_s_10", container_ready(&opts));
+    }
+    if want("soak") {
+        record(&mut results, "soak_sequential_rushes", soak(&opts));
+    }
+    if want("concurrent") {
+        record(&mut results, "concurrent_8_rushes", concurrent());
+    }
+    if want("restart") {
+        record(
+            &mut results,
+            "restart_first_list_ms_500_ended",
+            restart_500(),
+        );
     }
     if opts.vs_original {
         record(&mut results, "vs_original", vs_original());
@@ -768,6 +784,15 @@ fn markdown(v: &Value) -> String {
         ("reconcile_ms_10k_tasks", "< 5"),
         ("noisy_verify_overhead_ms", "< 200"),
         ("container_ready_s_10", "≤ 1.2 × plain docker run"),
+        (
+            "soak_sequential_rushes",
+            "RSS growth from rush 10 to the last < 5 MB; 0 more fds, 0 more threads",
+        ),
+        (
+            "concurrent_8_rushes",
+            "every Task-ID once; status_ms_p99 < 50",
+        ),
+        ("restart_first_list_ms_500_ended", "< 200"),
     ];
     for (k, goal) in goals {
         let r = &v["results"][k];
@@ -975,4 +1000,277 @@ fn container_ready(opts: &Opts) -> Value {
         v["ratio"] = json!(round(z / p, 2));
     }
     v
+}
+
+/// zergd's open files and threads.
+fn fds_threads(pid: i32) -> (usize, usize) {
+    let n = |d: String| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
+    (n(format!("/proc/{pid}/fd")), n(format!("/proc/{pid}/task")))
+}
+
+/// zergd's resident set once its idle threads have ended (tokio's blocking pool keeps an idle
+/// thread 10 s): (RSS MB, fds, threads).
+fn settled(pid: i32, threads_at_start: usize) -> (f64, usize, usize) {
+    poll(Duration::from_secs(30), || {
+        fds_threads(pid).1 <= threads_at_start
+    });
+    let (fds, threads) = fds_threads(pid);
+    let rss = mem_kib(pid)
+        .map(|(rss, _)| rss as f64 / 1024.0)
+        .unwrap_or(0.0);
+    (round(rss, 1), fds, threads)
+}
+
+/// 200 rushes of the 12-task graph one after another on one zergd, each in a repository of its
+/// own (removed once its rush ended, as a user's scratch repositories are): zergd's RSS, open
+/// files and threads after rush 10 and after the last, each once its idle threads have ended.
+fn soak(opts: &Opts) -> Value {
+    let n = if opts.quick { 20 } else { 200 };
+    let d = Daemon::start();
+    let pid = d.pid() as i32;
+    let (_, _, threads0) = settled(pid, usize::MAX);
+    let t = Instant::now();
+    let mut at_10 = (0.0, 0, 0);
+    for i in 1..=n {
+        let feature = format!("soak{i}");
+        let repo = TestRepo::new();
+        repo.write_graph(&feature, &graph_12(&feature));
+        repo.write_config(BENCH_WORKERS);
+        repo.write_script(&feature, &json!({"default": [{"op": "write_owned"}]}));
+        if let Err(e) = rush_to_end(&d, &repo, &feature, 3) {
+            return json!({"error": format!("rush {i}: {e}"), "completed": false});
+        }
+        if i == 10 {
+            at_10 = settled(pid, threads0);
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    let end = settled(pid, threads0);
+    json!({
+        "rushes": n,
+        "rss_mb_after_10": at_10.0,
+        "rss_mb_after_last": end.0,
+        "rss_growth_mb": round(end.0 - at_10.0, 1),
+        "fds_after_10": at_10.1,
+        "fds_after_last": end.1,
+        "threads_after_10": at_10.2,
+        "threads_after_last": end.2,
+        "seconds": round(seconds, 1),
+    })
+}
+
+/// p50 and p99 of a list of milliseconds.
+fn percentiles(mut ms: Vec<f64>) -> (f64, f64) {
+    if ms.is_empty() {
+        return (0.0, 0.0);
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    (round(at(0.5), 2), round(at(0.99), 2))
+}
+
+/// 8 rushes of the 12-task graph at once, in 8 repositories, 2 workers each: each must end
+/// with every Task-ID on its staging branch exactly once, while a client asks `Status` of one
+/// of them after another; the latency of those answers.
+fn concurrent() -> Value {
+    let d = Daemon::start();
+    let repos: Vec<(TestRepo, String)> = (0..8)
+        .map(|i| {
+            let feature = format!("many{i}");
+            let repo = TestRepo::new();
+            repo.write_graph(&feature, &graph_12(&feature));
+            repo.write_config(BENCH_WORKERS);
+            repo.write_script(
+                &feature,
+                &json!({"default": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 300}]}),
+            );
+            (repo, feature)
+        })
+        .collect();
+    let t = Instant::now();
+    for (repo, feature) in &repos {
+        let out = d.ctl_in(&repo.path, &["rush", feature, "--workers", "2", "--detach"]);
+        if !out.status.success() {
+            return json!({"error": format!("rush {feature}: {}", String::from_utf8_lossy(&out.stderr).trim()), "completed": false});
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let keys: Vec<(String, String)> = repos
+        .iter()
+        .map(|(r, f)| (r.path.to_string_lossy().into_owned(), f.clone()))
+        .collect();
+    let latencies: Result<Vec<f64>, String> = rt.block_on(async {
+        let ch = zerg_proto::transport::connect(&d.socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut c = zerg_proto::v1::control_client::ControlClient::new(ch);
+        let mut ms = Vec::new();
+        let mut ended = vec![false; keys.len()];
+        let mut i = 0;
+        while !ended.iter().all(|e| *e) && t.elapsed() < LIMIT {
+            let k = i % keys.len();
+            i += 1;
+            let asked = Instant::now();
+            let st = c
+                .status(zerg_proto::v1::StatusRequest {
+                    repo: keys[k].0.clone(),
+                    feature: keys[k].1.clone(),
+                })
+                .await
+                .map_err(|e| e.message().to_string())?
+                .into_inner();
+            if !ended[k] {
+                ms.push(asked.elapsed().as_secs_f64() * 1000.0);
+            }
+            use zerg_proto::v1::RushState;
+            ended[k] = matches!(
+                st.state(),
+                RushState::Complete | RushState::Failed | RushState::Stopped
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(ms)
+    });
+    let ms = match latencies {
+        Ok(ms) => ms,
+        Err(e) => return json!({"error": e, "completed": false}),
+    };
+    let wall = t.elapsed().as_secs_f64();
+    let ids = graph_12_ids();
+    let mut wrong = Vec::new();
+    for (repo, feature) in &repos {
+        let on = repo.task_ids_on(&format!("zerg/{feature}/staging"));
+        if on != ids {
+            wrong.push(format!("{feature}: {} Task-IDs", on.len()));
+        }
+    }
+    if !wrong.is_empty() {
+        return json!({"error": format!("not every Task-ID once: {wrong:?}"), "completed": false});
+    }
+    let (p50, p99) = percentiles(ms.clone());
+    json!({
+        "rushes": 8,
+        "tasks": 8 * 12,
+        "wall_s": round(wall, 2),
+        "status_answers": ms.len(),
+        "status_ms_p50": p50,
+        "status_ms_p99": p99,
+        "every_task_id_once": true,
+    })
+}
+
+/// zergd started over a state directory whose registry lists 500 ended rushes (copies of one
+/// real rush's files, in 500 repositories): the time from starting zergd to its first `List`
+/// answer, and that the answer has all 500.
+fn restart_500() -> Value {
+    let work = tempfile::tempdir().expect("tempdir");
+    let state_dir = work.path().join("state");
+    let socket = work.path().join("zergd.sock");
+    // One real rush, on a zergd of the bench's own, gives the files every copy has.
+    let repo = TestRepo::new();
+    repo.write_graph("seed", &graph_12("seed"));
+    repo.write_config(BENCH_WORKERS);
+    let start = || {
+        Command::new(bin("zergd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .env("IS_SANDBOX", "1")
+            .env("ZERG_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("zergd starts")
+    };
+    let ctl = |args: &[&str]| {
+        Command::new(bin("zergctl"))
+            .args(args)
+            .current_dir(&repo.path)
+            .env("ZERG_SOCKET", &socket)
+            .stdin(Stdio::null())
+            .output()
+            .expect("zergctl runs")
+    };
+    let mut z = start();
+    if !poll(Duration::from_secs(20), || ctl(&["list"]).status.success()) {
+        let _ = z.kill();
+        let _ = z.wait();
+        return json!({"error": "zergd did not start", "completed": false});
+    }
+    let out = ctl(&["rush", "seed", "--workers", "3"]);
+    let _ = Command::new("kill").arg(z.id().to_string()).status();
+    let _ = z.wait();
+    if !out.status.success() {
+        return json!({"error": "the seed rush did not complete", "completed": false});
+    }
+    let reg_path = state_dir.join("rushes.json");
+    let mut reg: Value = match std::fs::read(&reg_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        Some(v) => v,
+        None => return json!({"error": "no registry after the seed rush", "completed": false}),
+    };
+    let seed = reg["rushes"][0].clone();
+    let mut entries = Vec::new();
+    let copies = work.path().join("repos");
+    for i in 0..500 {
+        let dir = copies.join(format!("r{i}"));
+        let st = dir.join(".zerg");
+        std::fs::create_dir_all(&st).expect("mkdir");
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(repo.path.join(".zerg/state"))
+            .arg(repo.path.join(".zerg/rush"))
+            .arg(&st)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return json!({"error": "cannot copy the seed rush's files", "completed": false});
+        }
+        let mut e = seed.clone();
+        e["rush_id"] = json!(format!("seed-{i:04}"));
+        e["repo"] = json!(dir.to_string_lossy());
+        entries.push(e);
+    }
+    reg["rushes"] = json!(entries);
+    std::fs::write(&reg_path, serde_json::to_vec(&reg).expect("json")).expect("write registry");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let t = Instant::now();
+    let mut z = start();
+    let listed = rt.block_on(async {
+        while t.elapsed() < Duration::from_secs(60) {
+            if let Ok(ch) = zerg_proto::transport::connect(&socket).await {
+                let mut c = zerg_proto::v1::control_client::ControlClient::new(ch);
+                if let Ok(l) = c.list(zerg_proto::v1::ListRequest {}).await {
+                    return Some((t.elapsed(), l.into_inner().rushes.len()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        None
+    });
+    let rss = mem_kib(z.id() as i32).map(|(r, _)| round(r as f64 / 1024.0, 1));
+    let _ = z.kill();
+    let _ = z.wait();
+    match listed {
+        Some((wall, 500)) => json!({
+            "median": round(wall.as_secs_f64() * 1000.0, 1),
+            "runs": 1,
+            "rushes": 500,
+            "zergd_rss_mb": rss,
+        }),
+        Some((_, n)) => {
+            json!({"error": format!("list had {n} rushes, not 500"), "completed": false})
+        }
+        None => json!({"error": "zergd did not answer list within 60 s", "completed": false}),
+    }
 }
