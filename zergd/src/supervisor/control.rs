@@ -165,14 +165,9 @@ impl Supervisor {
         now: Instant,
         wall: std::time::SystemTime,
     ) {
-        let repo = match jobs::resolve_repo(&req.repo) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return;
-            }
+        let Some((repo, repo_s, reply)) = resolved(&req.repo, reply) else {
+            return;
         };
-        let repo_s = repo.to_string_lossy().to_string();
         let mode_given = req.mode.is_some();
         let mode = req.mode.unwrap_or(Mode::Subprocess);
         let existing = self
@@ -304,5 +299,20 @@ impl Supervisor {
         r.doc.rush.max_usd = req.max_usd.or(r.config.budget.max_usd);
         r.start(now, wall, &mut fx);
         self.pending.push((id, fx));
+    }
+}
+
+/// The repository a request names (its root, and that as a string), or `None` once the caller
+/// has been told why there is none.
+pub(super) fn resolved<T>(repo: &str, reply: Reply<T>) -> Option<(PathBuf, String, Reply<T>)> {
+    match jobs::resolve_repo(repo) {
+        Ok(r) => {
+            let s = r.to_string_lossy().to_string();
+            Some((r, s, reply))
+        }
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            None
+        }
     }
 }

@@ -171,14 +171,9 @@ impl Supervisor {
         reply: Reply<v1::PruneReply>,
         wall: std::time::SystemTime,
     ) {
-        let repo = match jobs::resolve_repo(&req.repo) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return;
-            }
+        let Some((repo, repo_s, reply)) = super::control::resolved(&req.repo, reply) else {
+            return;
         };
-        let repo_s = repo.to_string_lossy().to_string();
         let older_than = Duration::from_secs(req.older_than_seconds);
         let mut listed: Vec<(String, String, RushState)> = self
             .known()
