@@ -5,14 +5,20 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// glibc's malloc gives each thread that contends for memory an arena of its own (up to eight
-/// per core) and keeps what is freed there: the blocking jobs of every rush (preparing it,
-/// building its symbol map, merging) ran on threads of their own, and zergd's resident memory
-/// grew with each rush it had run although nothing of the rush was still held (zerg-bench's
-/// soak: 37 MB after 10 rushes, 42 MB after 20; 25 MB flat with one arena). zergd asks for two
-/// arenas by starting itself again with `MALLOC_ARENA_MAX=2`, which glibc reads only at start,
-/// unless the variable is set already (to any value: the user's choice stands). Elsewhere the
-/// variable means nothing and the exec is harmless; if it fails, zergd goes on as it is.
+/// glibc's malloc keeps freed memory where a long-running zergd does not want it kept:
+/// - it gives each thread that contends for memory an arena of its own (up to eight per core)
+///   and keeps what is freed there, and every rush's blocking jobs (preparing it, building its
+///   symbol map, merging) run on threads of their own;
+/// - it raises its mmap threshold each time a large block is freed, so later large blocks
+///   come from the heap, where freeing them leaves holes rather than returning the memory.
+///
+/// So zergd's resident memory grew with each rush it had run although nothing of the rush was
+/// still held (zerg-bench's soak of 200 rushes: 33–37 MB after rush 10, 41 MB after rush 200;
+/// with two arenas and a fixed 128 KiB mmap threshold, 17.9 MB and 19.4 MB). glibc reads both
+/// settings only at start, so zergd starts itself again with `MALLOC_ARENA_MAX=2` and
+/// `MALLOC_MMAP_THRESHOLD_=131072`, unless `MALLOC_ARENA_MAX` is set already (to any value:
+/// the user's choice stands; it also marks the second start). Elsewhere the variables mean
+/// nothing and the exec is harmless; if it fails, zergd goes on as it is.
 fn bound_malloc_arenas() {
     use std::os::unix::process::CommandExt;
     if !cfg!(target_os = "linux") || std::env::var_os("MALLOC_ARENA_MAX").is_some() {
@@ -21,11 +27,14 @@ fn bound_malloc_arenas() {
     let Ok(exe) = std::env::current_exe() else {
         return;
     };
-    let err = std::process::Command::new(exe)
-        .args(std::env::args_os().skip(1))
-        .env("MALLOC_ARENA_MAX", "2")
-        .exec();
-    eprintln!("zergd: cannot restart itself with MALLOC_ARENA_MAX=2 ({err}); going on");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env("MALLOC_ARENA_MAX", "2");
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        cmd.env("MALLOC_MMAP_THRESHOLD_", "131072");
+    }
+    let err = cmd.exec();
+    eprintln!("zergd: cannot restart itself with bounded malloc arenas ({err}); going on");
 }
 
 /// zerg daemon: runs task graphs across coding-agent workers.
