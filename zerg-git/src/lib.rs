@@ -1,0 +1,290 @@
+//! The one place zerg does git. zergd's commit checks and ref moves, the level merges and the
+//! worker's prepare and commit run in process on [gix] (SHA-1 and SHA-256 repositories alike),
+//! so a task costs a few object reads and writes instead of a dozen git processes. What gix
+//! cannot do safely here (unmerged index entries, submodules, split or sparse indexes, filter
+//! and merge drivers, checking out a tree into a worktree) goes to the `git` program through
+//! [`cli`], and every such fallback is counted ([`fallbacks`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gix::ObjectId;
+use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
+pub use zerg_proto::contract::is_object_id;
+
+pub mod cli;
+mod merge;
+mod worktree;
+
+pub use merge::{LevelMerge, Merged};
+pub use worktree::{Committed, Identity};
+
+/// A git operation that failed: what was tried, where, and what gix or git said.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} in {dir}: {message}")]
+pub struct Error {
+    /// The operation (`resolve HEAD`, `move refs/heads/x`, …).
+    pub what: String,
+    /// The repository or worktree.
+    pub dir: PathBuf,
+    /// The cause.
+    pub message: String,
+}
+
+/// Why an operation went to the `git` program instead of running in process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// The index has unmerged entries.
+    Unmerged,
+    /// The index or tree has a submodule (gitlink) or the worktree a nested repository.
+    Submodule,
+    /// The index is split or sparse.
+    SplitOrSparseIndex,
+    /// Attributes or config ask for content conversion (filters, `text`, `eol`, `autocrlf`),
+    /// which only git applies exactly as the user expects.
+    Filters,
+    /// The repository configures a merge driver, or a merge had a conflict (git's own conflict
+    /// list is the one reported).
+    Merge,
+    /// A worktree's files had to be reset to a commit.
+    WorktreeReset,
+}
+
+impl Fallback {
+    /// A short name, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::Unmerged => "unmerged index entries",
+            Fallback::Submodule => "submodule",
+            Fallback::SplitOrSparseIndex => "split or sparse index",
+            Fallback::Filters => "content filters",
+            Fallback::Merge => "merge driver or conflict",
+            Fallback::WorktreeReset => "worktree reset",
+        }
+    }
+}
+
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times this process went to the `git` program for something that normally runs in
+/// process.
+pub fn fallbacks() -> u64 {
+    FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// Counts one fallback and returns it.
+pub fn fell_back(why: Fallback) -> Fallback {
+    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    why
+}
+
+/// Most bytes of decoded objects a [`Repo`] keeps cached: enough for the trees and commits of a
+/// level merge or a commit check, small beside a long-running zergd.
+const OBJECT_CACHE_BYTES: usize = 512 * 1024;
+
+/// What a ref must point at for a compare-and-swap move to go ahead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// Anything, or nothing.
+    Any,
+    /// This commit (hex).
+    Is(String),
+}
+
+/// One repository, opened once and kept (zergd holds one per rush; the worker one per session).
+/// Cheap to clone; `Send`, so it can go to a blocking thread.
+#[derive(Clone)]
+pub struct Repo {
+    repo: gix::Repository,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for Repo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repo").field("dir", &self.dir).finish()
+    }
+}
+
+impl Repo {
+    /// Opens the repository or worktree at `dir`.
+    pub fn open(dir: &Path) -> Result<Repo, Error> {
+        let mut repo = gix::open(dir).map_err(|e| Error {
+            what: "open the repository".into(),
+            dir: dir.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        repo.object_cache_size(OBJECT_CACHE_BYTES);
+        Ok(Repo {
+            repo,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory it was opened at.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the repository stores SHA-256 object ids.
+    pub fn is_sha256(&self) -> bool {
+        self.repo.object_hash() != gix::hash::Kind::Sha1
+    }
+
+    pub(crate) fn err(&self, what: impl Into<String>, e: impl std::fmt::Display) -> Error {
+        Error {
+            what: what.into(),
+            dir: self.dir.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Parses a hex object id of this repository's format.
+    pub(crate) fn oid(&self, hex: &str) -> Result<ObjectId, Error> {
+        let id = ObjectId::from_hex(hex.as_bytes())
+            .map_err(|e| self.err(format!("read object id {hex:?}"), e))?;
+        if id.kind() != self.repo.object_hash() {
+            return Err(self.err(
+                format!("read object id {hex:?}"),
+                "not an id of this repository's object format",
+            ));
+        }
+        Ok(id)
+    }
+
+    /// Resolves a revision (`HEAD`, `refs/heads/x`, an id) to a commit id, if it names one.
+    pub fn commit_id(&self, rev: &str) -> Option<String> {
+        let id = self.repo.rev_parse_single(rev).ok()?;
+        let commit = id.object().ok()?.peel_to_commit().ok()?;
+        Some(commit.id.to_string())
+    }
+
+    /// Whether `hex` names a commit object in the repository (not a tree, blob or tag).
+    pub fn is_commit(&self, hex: &str) -> bool {
+        self.oid(hex)
+            .ok()
+            .and_then(|id| self.repo.find_header(id).ok())
+            .is_some_and(|h| h.kind() == gix::object::Kind::Commit)
+    }
+
+    /// Whether `ancestor` is `of` or one of its ancestors. The parents are looked at first: a
+    /// task's commit usually sits right on its base.
+    pub fn is_ancestor(&self, ancestor: &str, of: &str) -> Result<bool, Error> {
+        let a = self.oid(ancestor)?;
+        let o = self.oid(of)?;
+        if a == o {
+            return Ok(true);
+        }
+        let commit = self
+            .repo
+            .find_commit(o)
+            .map_err(|e| self.err(format!("read commit {of}"), e))?;
+        if commit.parent_ids().any(|p| p == a) {
+            return Ok(true);
+        }
+        let base = self
+            .repo
+            .merge_base(a, o)
+            .map_err(|e| self.err(format!("merge base of {ancestor} and {of}"), e))?;
+        Ok(base.is_some_and(|b| b == a))
+    }
+
+    /// The object id of `path` (a file or directory) in `commit`'s tree, if it is there.
+    pub fn entry_id(&self, commit: &str, path: &str) -> Result<Option<ObjectId>, Error> {
+        let id = self.oid(commit)?;
+        let tree = self
+            .repo
+            .find_commit(id)
+            .and_then(|c| c.tree())
+            .map_err(|e| self.err(format!("read the tree of {commit}"), e))?;
+        let entry = tree
+            .lookup_entry_by_path(path)
+            .map_err(|e| self.err(format!("look up {path} in {commit}"), e))?;
+        Ok(entry.map(|e| e.object_id()))
+    }
+
+    /// Checks a commit a worker reports before zergd accepts it: it is a commit in the
+    /// repository, it descends from the task's base commit, and it leaves `protected` (the
+    /// rush's committed spec directory) exactly as the base has it. The error says which check
+    /// failed.
+    pub fn check_task_commit(
+        &self,
+        base: &str,
+        commit: &str,
+        protected: &str,
+    ) -> Result<(), String> {
+        if !is_object_id(commit) {
+            return Err(format!(
+                "commit {:?} is not an object id",
+                commit.chars().take(80).collect::<String>()
+            ));
+        }
+        if !self.is_commit(commit) {
+            return Err(format!("commit {commit} is not a commit in the repository"));
+        }
+        if base.is_empty() {
+            return Ok(());
+        }
+        match self.is_ancestor(base, commit) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "commit {commit} does not descend from the task's base commit {base}"
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+        let before = self.entry_id(base, protected).map_err(|e| e.to_string())?;
+        let after = self
+            .entry_id(commit, protected)
+            .map_err(|e| e.to_string())?;
+        if before != after {
+            return Err(format!(
+                "commit {commit} changes the rush's spec ({protected}), which tasks must not touch"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Moves every ref in `moves` (full names, new commit, what it must point at now) in one
+    /// transaction: all of them move, or none does. `message` goes to the reflogs.
+    pub fn move_refs(&self, moves: &[(&str, &str, Expect)], message: &str) -> Result<(), Error> {
+        let mut edits = Vec::with_capacity(moves.len());
+        for (name, new, expect) in moves {
+            let new = self.oid(new)?;
+            let expected = match expect {
+                Expect::Any => PreviousValue::Any,
+                Expect::Is(old) => {
+                    PreviousValue::MustExistAndMatch(gix::refs::Target::Object(self.oid(old)?))
+                }
+            };
+            edits.push(RefEdit {
+                change: Change::Update {
+                    log: LogChange {
+                        mode: RefLog::AndReference,
+                        force_create_reflog: false,
+                        message: message.into(),
+                    },
+                    expected,
+                    new: gix::refs::Target::Object(new),
+                },
+                name: (*name)
+                    .try_into()
+                    .map_err(|e| self.err(format!("move {name}"), e))?,
+                deref: false,
+            });
+        }
+        let who = Identity::zerg().signature();
+        let mut time = gix::date::parse::TimeBuf::default();
+        self.repo
+            .edit_references_as(edits, Some(who.to_ref(&mut time)))
+            .map_err(|e| self.err(format!("move {}", names(moves)), e))?;
+        Ok(())
+    }
+}
+
+fn names(moves: &[(&str, &str, Expect)]) -> String {
+    moves.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests;

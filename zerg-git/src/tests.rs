@@ -1,0 +1,470 @@
+//! Every in-process operation, checked against the git program, in a SHA-1 and a SHA-256
+//! repository.
+
+use super::*;
+use std::path::Path;
+use zerg_proto::testkit::git;
+
+const FORMATS: [&str; 2] = ["sha1", "sha256"];
+
+/// A repository of `format` with a spec directory and a few files, committed on `main`.
+fn fixture(format: &str) -> (tempfile::TempDir, PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("repo");
+    std::fs::create_dir(&r).unwrap();
+    git(
+        &r,
+        &[
+            "init",
+            "-q",
+            "-b",
+            "main",
+            &format!("--object-format={format}"),
+        ],
+    );
+    write(&r, ".gsd/specs/f/task-graph.json", "{}\n");
+    write(&r, ".gsd/specs/f/requirements.md", "req\n");
+    write(&r, "src/lib.rs", "pub fn a() {}\n");
+    write(&r, "README.md", "readme\n");
+    write(&r, ".gitignore", "target/\n");
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "base"]);
+    let base = git(&r, &["rev-parse", "HEAD"]);
+    (dir, r, base)
+}
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+fn commit_on(r: &Path, branch: &str, from: &str, rel: &str, text: &str) -> String {
+    git(r, &["checkout", "-q", "-B", branch, from]);
+    write(r, rel, text);
+    git(r, &["add", "-A"]);
+    git(r, &["commit", "-q", "-m", rel]);
+    let c = git(r, &["rev-parse", "HEAD"]);
+    git(r, &["checkout", "-q", "main"]);
+    c
+}
+
+fn who() -> Identity {
+    Identity {
+        name: "zerg test".into(),
+        email: "test@zerg.invalid".into(),
+    }
+}
+
+#[test]
+fn a_task_commit_is_checked_like_git_would() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let repo = Repo::open(&r).unwrap();
+        assert_eq!(repo.is_sha256(), format == "sha256");
+        let good = commit_on(&r, "w1", &base, "src/new.rs", "x\n");
+        assert_eq!(repo.check_task_commit(&base, &good, ".gsd/specs/f"), Ok(()));
+        // Two commits on: the merge-base walk, not only the parents.
+        let deeper = commit_on(&r, "w1", &good, "src/more.rs", "y\n");
+        assert_eq!(
+            repo.check_task_commit(&base, &deeper, ".gsd/specs/f"),
+            Ok(())
+        );
+
+        let spec = commit_on(&r, "w2", &base, ".gsd/specs/f/task-graph.json", "[]\n");
+        let e = repo
+            .check_task_commit(&base, &spec, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("changes the rush's spec"), "{e}");
+
+        // Unrelated history: an orphan commit.
+        git(&r, &["checkout", "-q", "--orphan", "orphan"]);
+        git(&r, &["commit", "-q", "-m", "orphan"]);
+        let orphan = git(&r, &["rev-parse", "HEAD"]);
+        git(&r, &["checkout", "-q", "main"]);
+        let e = repo
+            .check_task_commit(&base, &orphan, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("does not descend"), "{e}");
+        // An ancestor of the base does not descend from it either.
+        let e = repo
+            .check_task_commit(&good, &base, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("does not descend"), "{e}");
+
+        let tree = git(&r, &["rev-parse", "HEAD^{tree}"]);
+        let e = repo
+            .check_task_commit(&base, &tree, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("is not a commit"), "{e}");
+        let missing = "1".repeat(base.len());
+        let e = repo
+            .check_task_commit(&base, &missing, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("is not a commit"), "{e}");
+        let e = repo
+            .check_task_commit(&base, "HEAD; rm -rf /", ".gsd/specs/f")
+            .unwrap_err();
+        assert!(e.contains("not an object id"), "{e}");
+        // An id of the other format is no commit here.
+        let other = "2".repeat(if base.len() == 40 { 64 } else { 40 });
+        assert!(
+            repo.check_task_commit(&base, &other, ".gsd/specs/f")
+                .is_err()
+        );
+    }
+}
+
+#[test]
+fn ref_moves_are_compare_and_swap_and_all_or_nothing() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let repo = Repo::open(&r).unwrap();
+        let a = commit_on(&r, "wa", &base, "a.txt", "a\n");
+        let b = commit_on(&r, "wb", &base, "b.txt", "b\n");
+        repo.move_refs(&[("refs/heads/wa", &b, Expect::Is(a.clone()))], "t")
+            .unwrap();
+        assert_eq!(git(&r, &["rev-parse", "wa"]), b);
+        // Stale expectation: refused, and the other move in the same transaction with it.
+        let e = repo.move_refs(
+            &[
+                ("refs/heads/wb", &a, Expect::Any),
+                ("refs/heads/wa", &a, Expect::Is(base.clone())),
+            ],
+            "t",
+        );
+        assert!(e.is_err());
+        assert_eq!(git(&r, &["rev-parse", "wa"]), b);
+        assert_eq!(git(&r, &["rev-parse", "wb"]), b);
+        // A new ref with no expectation.
+        repo.move_refs(&[("refs/zerg/f/wip/t1", &a, Expect::Any)], "t")
+            .unwrap();
+        assert_eq!(git(&r, &["rev-parse", "refs/zerg/f/wip/t1"]), a);
+    }
+}
+
+#[test]
+fn a_level_merges_in_memory_and_moves_every_branch_at_once() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        git(&r, &["branch", "staging", &base]);
+        let a = commit_on(&r, "w1", &base, "src/a.rs", "a\n");
+        let b = commit_on(&r, "w2", &base, "src/b.rs", "b\n");
+        let repo = Repo::open(&r).unwrap();
+        let m = LevelMerge {
+            staging: "refs/heads/staging".into(),
+            heads: vec![
+                (a.clone(), "ZERG: merge w1".into()),
+                (b.clone(), "ZERG: merge w2".into()),
+                // Already contained: no merge commit of its own.
+                (base.clone(), "ZERG: merge w3".into()),
+            ],
+            also_move: vec!["refs/heads/w1".into(), "refs/heads/w2".into()],
+            identity: who(),
+        };
+        let Merged::Head(head) = repo.merge_level(&m).unwrap() else {
+            panic!("no merge")
+        };
+        for b in ["staging", "w1", "w2"] {
+            assert_eq!(git(&r, &["rev-parse", b]), head);
+        }
+        assert_eq!(git(&r, &["rev-list", "--count", "--merges", &head]), "2");
+        assert_eq!(
+            git(&r, &["ls-tree", "-r", "--name-only", &head, "src"]),
+            "src/a.rs\nsrc/b.rs\nsrc/lib.rs"
+        );
+        assert_eq!(
+            git(&r, &["log", "-1", "--format=%an <%ae>|%s", &head]),
+            "zerg test <test@zerg.invalid>|ZERG: merge w2"
+        );
+        git(&r, &["fsck", "--strict", "--no-dangling"]);
+
+        // A conflict moves nothing: git does that merge.
+        let c1 = commit_on(&r, "c1", &head, "README.md", "one\n");
+        let c2 = commit_on(&r, "c2", &head, "README.md", "two\n");
+        let m = LevelMerge {
+            staging: "refs/heads/staging".into(),
+            heads: vec![(c1, "m".into()), (c2, "m".into())],
+            also_move: vec!["refs/heads/w1".into()],
+            identity: who(),
+        };
+        let before = fallbacks();
+        assert_eq!(
+            repo.merge_level(&m).unwrap(),
+            Merged::NeedsGit(Fallback::Merge)
+        );
+        assert!(fallbacks() > before);
+        assert_eq!(git(&r, &["rev-parse", "staging"]), head);
+        assert_eq!(git(&r, &["rev-parse", "w1"]), head);
+    }
+}
+
+#[test]
+fn a_configured_merge_driver_or_filter_leaves_the_merge_to_git() {
+    let (_d, r, base) = fixture("sha1");
+    git(&r, &["branch", "staging", &base]);
+    let a = commit_on(&r, "w1", &base, "a.txt", "a\n");
+    git(&r, &["config", "filter.evil.smudge", "touch /tmp/never"]);
+    let repo = Repo::open(&r).unwrap();
+    let m = LevelMerge {
+        staging: "refs/heads/staging".into(),
+        heads: vec![(a, "m".into())],
+        also_move: vec![],
+        identity: who(),
+    };
+    assert_eq!(
+        repo.merge_level(&m).unwrap(),
+        Merged::NeedsGit(Fallback::Merge)
+    );
+    assert_eq!(git(&r, &["rev-parse", "staging"]), base);
+}
+
+/// A worktree on `wt-branch`, as zergd makes one for a worker.
+fn worktree(r: &Path, base: &str) -> PathBuf {
+    let wt = r.parent().unwrap().join("wt");
+    git(
+        r,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "worker-1",
+            &wt.to_string_lossy(),
+            base,
+        ],
+    );
+    wt
+}
+
+#[test]
+fn the_workers_commit_is_what_git_add_and_commit_would_make() {
+    use std::os::unix::fs::PermissionsExt;
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let wt = worktree(&r, &base);
+        // What an agent leaves: an edit, a new file deep down, a deletion, an executable, a
+        // symlink, an ignored build dir, the handoff dir, and an edit to the spec.
+        write(&wt, "src/lib.rs", "pub fn a() { changed() }\n");
+        write(&wt, "src/deep/er/new.rs", "new\n");
+        std::fs::remove_file(wt.join("README.md")).unwrap();
+        write(&wt, "run.sh", "#!/bin/sh\n");
+        std::fs::set_permissions(wt.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::os::unix::fs::symlink("src/lib.rs", wt.join("link")).unwrap();
+        write(&wt, "target/debug/out", "built\n");
+        write(&wt, ".zerg-task/progress.json", "{}\n");
+        write(&wt, ".gsd/specs/f/task-graph.json", "tampered\n");
+        // And one change already staged by the agent itself.
+        write(&wt, "staged.txt", "staged\n");
+        git(&wt, &["add", "staged.txt"]);
+
+        let repo = Repo::open(&wt).unwrap();
+        assert!(!repo.is_clean_at(&base, &[".zerg-task"]).unwrap());
+        let done = repo
+            .commit_worktree(
+                &base,
+                ".gsd/specs/f",
+                &[".zerg-task"],
+                "ZERG [1]: t\n\nTask-ID: t\n",
+                &who(),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(git(&wt, &["rev-parse", "HEAD"]), done.commit);
+        assert_eq!(git(&r, &["rev-parse", "worker-1"]), done.commit);
+        assert_eq!(git(&wt, &["rev-parse", "HEAD^"]), base);
+        let files = git(
+            &wt,
+            &["ls-tree", "-r", "--format=%(objectmode) %(path)", "HEAD"],
+        );
+        assert_eq!(
+            files,
+            "100644 .gitignore\n100644 .gsd/specs/f/requirements.md\n100644 .gsd/specs/f/task-graph.json\n\
+             120000 link\n100755 run.sh\n100644 src/deep/er/new.rs\n100644 src/lib.rs\n100644 staged.txt"
+        );
+        // The spec is the base's, whatever the worktree has.
+        assert_eq!(
+            git(&wt, &["show", "HEAD:.gsd/specs/f/task-graph.json"]),
+            "{}"
+        );
+        assert_eq!(git(&wt, &["show", "HEAD:link"]), "src/lib.rs");
+        let mut changed = done.changed.clone();
+        changed.sort();
+        assert_eq!(
+            changed,
+            [
+                "README.md",
+                "link",
+                "run.sh",
+                "src/deep/er/new.rs",
+                "src/lib.rs",
+                "staged.txt"
+            ]
+        );
+        // The index is the commit: nothing staged, and only the spec edit and the handoff dir
+        // differ in the worktree, as git itself sees it.
+        assert_eq!(git(&wt, &["diff", "--cached", "--name-only"]), "");
+        assert_eq!(
+            git(&wt, &["status", "--porcelain"]),
+            // (the first line's leading space is trimmed)
+            "M .gsd/specs/f/task-graph.json\n?? .zerg-task/"
+        );
+        assert_eq!(
+            git(&wt, &["log", "-1", "--format=%an <%ae>|%B"]),
+            "zerg test <test@zerg.invalid>|ZERG [1]: t\n\nTask-ID: t"
+        );
+        git(&r, &["fsck", "--strict", "--no-dangling"]);
+
+        // Put the spec back: the worktree is clean at the new commit, the handoff dir aside.
+        git(&wt, &["checkout", "--", ".gsd"]);
+        let repo = Repo::open(&wt).unwrap();
+        assert!(repo.is_clean_at(&done.commit, &[".zerg-task"]).unwrap());
+        assert!(!repo.is_clean_at(&base, &[".zerg-task"]).unwrap());
+        assert!(!repo.is_clean_at(&done.commit, &[]).unwrap());
+        write(&wt, "stray.txt", "x\n");
+        assert!(!repo.is_clean_at(&done.commit, &[".zerg-task"]).unwrap());
+    }
+}
+
+#[test]
+fn a_spec_change_the_agent_committed_itself_is_undone() {
+    let (_d, r, base) = fixture("sha1");
+    let wt = worktree(&r, &base);
+    write(&wt, ".gsd/specs/f/task-graph.json", "agent's\n");
+    write(&wt, ".gsd/specs/f/extra.md", "agent's\n");
+    write(&wt, "a.txt", "a\n");
+    git(&wt, &["add", "-A"]);
+    git(&wt, &["commit", "-qm", "the agent's own"]);
+    let repo = Repo::open(&wt).unwrap();
+    let done = repo
+        .commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        repo.check_task_commit(&base, &done.commit, ".gsd/specs/f"),
+        Ok(())
+    );
+    assert_eq!(done.changed, ["a.txt"]);
+    assert_eq!(
+        git(&wt, &["rev-list", "--count", &format!("{base}..HEAD")]),
+        "2"
+    );
+}
+
+#[test]
+fn skip_worktree_entries_keep_their_flag() {
+    let (_d, r, base) = fixture("sha256");
+    let wt = worktree(&r, &base);
+    git(
+        &wt,
+        &[
+            "update-index",
+            "--skip-worktree",
+            ".gsd/specs/f/task-graph.json",
+            ".gsd/specs/f/requirements.md",
+        ],
+    );
+    std::fs::remove_dir_all(wt.join(".gsd")).unwrap();
+    write(&wt, "x.txt", "x\n");
+    let repo = Repo::open(&wt).unwrap();
+    let done = repo
+        .commit_worktree(&base, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.changed, ["x.txt"]);
+    assert_eq!(
+        git(&wt, &["ls-files", "-t", ".gsd"]),
+        "S .gsd/specs/f/requirements.md\nS .gsd/specs/f/task-graph.json"
+    );
+    assert_eq!(git(&wt, &["status", "--porcelain"]), "");
+    assert!(
+        Repo::open(&wt)
+            .unwrap()
+            .is_clean_at(&done.commit, &[])
+            .unwrap()
+    );
+}
+
+#[test]
+fn content_filters_unmerged_entries_and_submodules_go_to_git() {
+    // Filters named in a committed .gitattributes.
+    let (_d, r, base) = fixture("sha1");
+    let wt = worktree(&r, &base);
+    write(&wt, ".gitattributes", "*.bin filter=lfs\n");
+    let repo = Repo::open(&wt).unwrap();
+    let before = fallbacks();
+    assert_eq!(
+        repo.commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+            .unwrap(),
+        Err(Fallback::Filters)
+    );
+    assert_eq!(fallbacks(), before + 1);
+    assert_eq!(git(&wt, &["rev-parse", "HEAD"]), base, "nothing committed");
+
+    // core.autocrlf.
+    let (_d, r, base) = fixture("sha1");
+    let wt = worktree(&r, &base);
+    git(&r, &["config", "core.autocrlf", "input"]);
+    let repo = Repo::open(&wt).unwrap();
+    assert_eq!(
+        repo.commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+            .unwrap(),
+        Err(Fallback::Filters)
+    );
+
+    // An unmerged index.
+    let (_d, r, base) = fixture("sha1");
+    let c1 = commit_on(&r, "c1", &base, "README.md", "one\n");
+    let wt = worktree(&r, &base);
+    write(&wt, "README.md", "two\n");
+    git(&wt, &["commit", "-qam", "two"]);
+    let _ = std::process::Command::new("git")
+        .args([
+            "-C",
+            &wt.to_string_lossy(),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+        ])
+        .args(["merge", "-q", &c1])
+        .output();
+    let repo = Repo::open(&wt).unwrap();
+    assert_eq!(
+        repo.commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+            .unwrap(),
+        Err(Fallback::Unmerged)
+    );
+
+    // A nested repository the agent created.
+    let (_d, r, base) = fixture("sha1");
+    let wt = worktree(&r, &base);
+    let nested = wt.join("vendor/dep");
+    std::fs::create_dir_all(&nested).unwrap();
+    git(&nested, &["init", "-q"]);
+    write(&nested, "f", "x\n");
+    git(&nested, &["add", "-A"]);
+    git(&nested, &["commit", "-qm", "n"]);
+    let repo = Repo::open(&wt).unwrap();
+    assert_eq!(
+        repo.commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+            .unwrap(),
+        Err(Fallback::Submodule)
+    );
+}
+
+#[test]
+fn identities_come_from_the_repository_config() {
+    let (_d, r, _) = fixture("sha1");
+    git(&r, &["config", "user.name", "Ada"]);
+    git(&r, &["config", "user.email", "ada@example.com"]);
+    let repo = Repo::open(&r).unwrap();
+    assert_eq!(
+        Identity::of(&repo),
+        Some(Identity {
+            name: "Ada".into(),
+            email: "ada@example.com".into()
+        })
+    );
+}
