@@ -247,6 +247,13 @@ pub fn remove_worktree(repo: &Path, path: &Path, branch: Option<&str>) -> Result
     Ok(())
 }
 
+/// Checks `commit` out in the worktree `dir`, as `git reset --hard` (index and files), with
+/// `trusted`'s options. Counted as a [`crate::Fallback::WorktreeReset`].
+pub fn reset_hard(dir: &Path, commit: &str, trusted: &Trusted) -> Result<(), GitError> {
+    crate::fell_back(crate::Fallback::WorktreeReset);
+    run(dir, trusted, &[], &["reset", "--hard", "-q", commit]).map(|_| ())
+}
+
 /// Whether `ancestor` is an ancestor of (or equal to) `of`.
 pub fn is_ancestor(repo: &Path, ancestor: &str, of: &str) -> bool {
     git(repo, &["merge-base", "--is-ancestor", ancestor, of]).is_ok()

@@ -450,30 +450,77 @@ fn exclude_zerg_dirs(repo: &Path) {
 /// Merges every worker's accepted commits into staging, runs the quality gates, and moves every
 /// worker branch onto the new staging head. The merge never changes the rush's spec: every
 /// merged commit was checked to leave it as the base had it.
+///
+/// The merge runs in memory ([`zerg_git::Repo::merge_level`]): staging and every worker branch
+/// move in one ref transaction, then the staging worktree is checked out once for the gates.
+/// A conflict, or a merge driver the repository configures, sends the level to `git merge`
+/// instead, so that the conflict list is git's own.
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
     let trusted = git::Trusted::new(staging, &job.base);
+    let repo = match zerg_git::Repo::open(staging) {
+        Ok(r) => r,
+        Err(e) => return MergeResult::Error(e.to_string()),
+    };
     // Checked at every merge: the user may have set an identity since the rush started.
-    let identity = (!git::has_identity(staging))
-        .then_some((job.identity.name.as_str(), job.identity.email.as_str()));
-    for (w, _, head) in &job.heads {
-        // A container worker's objects were imported (and verified) when its commit was
-        // accepted: every head merged here is an accepted commit.
-        let msg = format!(
+    let configured = zerg_git::Identity::of(&repo);
+    let message = |w: u32| {
+        format!(
             "ZERG: merge {} (level {})",
-            worker_branch(feature, *w),
+            worker_branch(feature, w),
             job.level
-        );
-        match git::merge_into(staging, head, &msg, &trusted, identity) {
-            Ok(MergeOutcome::Merged(_)) => {}
-            Ok(MergeOutcome::Conflict(files)) => {
-                return MergeResult::Conflict { worker: *w, files };
+        )
+    };
+    let workers: Vec<String> = job
+        .heads
+        .iter()
+        .map(|(w, _, _)| format!("refs/heads/{}", worker_branch(feature, *w)))
+        .collect();
+    // A container worker's objects were imported (and verified) when its commit was accepted:
+    // every head merged here is an accepted commit.
+    let level = zerg_git::LevelMerge {
+        staging: format!("refs/heads/{}", staging_branch(feature)),
+        heads: job
+            .heads
+            .iter()
+            .map(|(w, _, head)| (head.clone(), message(*w)))
+            .collect(),
+        also_move: workers.clone(),
+        identity: configured.clone().unwrap_or_else(|| zerg_git::Identity {
+            name: job.identity.name.clone(),
+            email: job.identity.email.clone(),
+        }),
+    };
+    let (head, moved) = match repo.merge_level(&level) {
+        Ok(zerg_git::Merged::Head(head)) => {
+            if let Err(e) = git::reset_hard(staging, &head, &trusted) {
+                return MergeResult::Error(e.to_string());
             }
-            Err(e) => return MergeResult::Error(e.to_string()),
+            (head, true)
         }
-    }
-    let head = match git::git(staging, &["rev-parse", "HEAD"]) {
-        Ok(h) => h,
+        Ok(zerg_git::Merged::NeedsGit(why)) => {
+            tracing::info!(
+                reason = why.name(),
+                level = job.level,
+                "the level merge falls back to git"
+            );
+            let identity = configured
+                .is_none()
+                .then_some((job.identity.name.as_str(), job.identity.email.as_str()));
+            for (w, _, head) in &job.heads {
+                match git::merge_into(staging, head, &message(*w), &trusted, identity) {
+                    Ok(MergeOutcome::Merged(_)) => {}
+                    Ok(MergeOutcome::Conflict(files)) => {
+                        return MergeResult::Conflict { worker: *w, files };
+                    }
+                    Err(e) => return MergeResult::Error(e.to_string()),
+                }
+            }
+            match git::rev(staging, "HEAD") {
+                Some(h) => (h, false),
+                None => return MergeResult::Error("the staging worktree has no HEAD".into()),
+            }
+        }
         Err(e) => return MergeResult::Error(e.to_string()),
     };
     for g in gates {
@@ -493,11 +540,16 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             tracing::warn!(gate = %g.name, "optional quality gate failed");
         }
     }
-    // Every worker branch moves onto the new staging head. Only the ref moves: the worktrees
-    // are the workers' own (each task starts with a reset to its lease's base commit), and zergd
-    // never runs git inside a worktree a worker could have tampered with.
-    for (w, _, _) in &job.heads {
-        if let Err(e) = git::move_branch(staging, &worker_branch(feature, *w), &head, None) {
+    // After git's merge, every worker branch moves onto the new staging head now, in one
+    // transaction. Only the refs move: the worktrees are the workers' own (each task starts
+    // from its lease's base commit), and zergd never runs git inside a worktree a worker could
+    // have tampered with.
+    if !moved {
+        let moves: Vec<(&str, &str, zerg_git::Expect)> = workers
+            .iter()
+            .map(|r| (r.as_str(), head.as_str(), zerg_git::Expect::Any))
+            .collect();
+        if let Err(e) = repo.move_refs(&moves, "zerg: merge level") {
             return MergeResult::Error(e.to_string());
         }
     }

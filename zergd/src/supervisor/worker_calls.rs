@@ -2,6 +2,7 @@
 //! commits are checked off the actor before they are accepted.
 
 use super::*;
+use zerg_git::Expect;
 
 impl Supervisor {
     pub(super) fn handle_worker(
@@ -141,9 +142,10 @@ impl Supervisor {
     }
 }
 
-/// [`crate::git::check_task_commit`] for a worker's report, after importing what a container
-/// wrote. An accepted commit also moves the worker's branch on the host (a container cannot),
-/// and a checkpoint gets the ref that keeps it reachable.
+/// [`zerg_git::Repo::check_task_commit`] for a worker's report, after importing what a
+/// container wrote. An accepted commit also moves the worker's branch on the host (a container
+/// cannot), with a compare-and-swap from the lease's base, and a checkpoint gets the ref that
+/// keeps it reachable.
 pub(super) fn verify_commit(
     check: &CommitCheck,
     commit: &str,
@@ -159,18 +161,27 @@ pub(super) fn verify_commit(
     {
         return Err(format!("cannot import the worker's git objects: {e}"));
     }
-    crate::git::check_task_commit(&check.repo, &check.base, commit, &check.protected)?;
+    let git = match &check.git {
+        Some(g) => g.clone(),
+        None => zerg_git::Repo::open(&check.repo).map_err(|e| e.to_string())?,
+    };
+    git.check_task_commit(&check.base, commit, &check.protected)?;
     if checkpoint {
         let r = format!("refs/zerg/{}/wip/{}", check.feature, check.task);
-        if let Err(e) = crate::git::set_ref(&check.repo, &r, commit) {
+        if let Err(e) = git.move_refs(&[(&r, commit, Expect::Any)], "zerg: checkpoint") {
             tracing::warn!(error = %e, "cannot keep the checkpoint reachable");
         }
-    } else if crate::git::rev(&check.repo, &format!("refs/heads/{}", check.branch)).as_deref()
-        != Some(commit)
-    {
-        let old = (!check.base.is_empty()).then_some(check.base.as_str());
-        if let Err(e) = crate::git::move_branch(&check.repo, &check.branch, commit, old) {
-            tracing::debug!(error = %e, "worker branch not moved (it moved meanwhile)");
+    } else {
+        let branch = format!("refs/heads/{}", check.branch);
+        let expect = if check.base.is_empty() {
+            Expect::Any
+        } else {
+            Expect::Is(check.base.clone())
+        };
+        // Already there (a subprocess worker committed on the branch itself), or moved on
+        // meanwhile: either way the compare-and-swap leaves it.
+        if let Err(e) = git.move_refs(&[(&branch, commit, expect)], "zerg: task commit") {
+            tracing::debug!(error = %e, "worker branch not moved (it is there already, or moved meanwhile)");
         }
     }
     Ok(())

@@ -44,7 +44,7 @@ fn text(field: &str, s: String, max: usize) -> Result<String, SupervisorError> {
 }
 
 fn commit(field: &str, s: String) -> Result<String, SupervisorError> {
-    if !crate::git::is_object_id(&s) {
+    if !zerg_git::is_object_id(&s) {
         return Err(invalid(
             field,
             format!(

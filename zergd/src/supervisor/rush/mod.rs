@@ -198,11 +198,14 @@ pub struct WorkerRt {
 }
 
 /// What zergd checks about a reported commit before accepting it (see
-/// [`crate::git::check_task_commit`]), gathered from the rush under the actor.
+/// [`zerg_git::Repo::check_task_commit`]), gathered from the rush under the actor.
 #[derive(Debug, Clone)]
 pub struct CommitCheck {
     /// Repository root.
     pub repo: PathBuf,
+    /// The rush's repository handle (`None` when it could not be opened; the check opens it
+    /// again and reports why it cannot).
+    pub git: Option<zerg_git::Repo>,
     /// The worker slot.
     pub worker: u32,
     /// Its branch.
@@ -307,11 +310,28 @@ pub struct Rush {
     pub indexing: bool,
     /// Workers whose agent CLI could not reach its API since the last attempt that could.
     pub unreachable_from: BTreeSet<u32>,
+    /// The repository, opened once for the rush's commit checks (see [`Rush::git`]).
+    pub git: std::sync::OnceLock<zerg_git::Repo>,
 }
 
 // === Construction and small helpers ===
 
 impl Rush {
+    /// The rush's repository handle, opened at first use and kept while the rush is held;
+    /// `None` when it cannot be opened.
+    pub fn git(&self) -> Option<zerg_git::Repo> {
+        if let Some(g) = self.git.get() {
+            return Some(g.clone());
+        }
+        match zerg_git::Repo::open(&self.paths.repo) {
+            Ok(g) => Some(self.git.get_or_init(|| g).clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the repository");
+                None
+            }
+        }
+    }
+
     /// A rush from its state, graph and config, with empty runtime data.
     pub fn new(
         doc: StateDoc,
@@ -335,6 +355,7 @@ impl Rush {
             rt_tasks: HashMap::new(),
             rt_workers: BTreeMap::new(),
             unreachable_from: BTreeSet::new(),
+            git: std::sync::OnceLock::new(),
             events: Vec::new(),
             dirty: true,
             merging: false,

@@ -487,6 +487,7 @@ impl Rush {
         let ts = &self.doc.tasks[task_id];
         Ok(CommitCheck {
             repo: self.paths.repo.clone(),
+            git: self.git(),
             worker: r.worker,
             branch: worker_branch(self.feature(), r.worker),
             base: ts.base_commit.clone().unwrap_or_default(),
