@@ -107,7 +107,13 @@ pub struct Session {
     progress: u32,
     tasks_completed: u32,
     tiers: Vec<v1::TierResult>,
+    /// `GIT_AUTHOR_*` and `GIT_COMMITTER_*` for the agent CLI and git, when the repository
+    /// has no identity of its own.
     identity: Vec<(String, String)>,
+    /// Who the task commits are by.
+    who: zerg_git::Identity,
+    /// The worktree, opened once; `None` if gix cannot open it (git then does everything).
+    repo: Option<zerg_git::Repo>,
     /// The worktree's own git directory, where stale lock files are looked for before each
     /// task (found once: it does not change while this process runs).
     git_dir: Option<PathBuf>,
@@ -137,29 +143,39 @@ impl Session {
         let (abort_tx, abort_rx) = watch::channel(None);
         let (unreachable_tx, unreachable_rx) = watch::channel(false);
         tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx, unreachable_tx));
-        // Commits need an identity; use the user's git config when it has one.
-        let identity = match run::git(&env.worktree, &["config", "user.email"]).await {
-            Ok(e) if !e.is_empty() => vec![],
-            _ => {
-                let name = format!("ZERG Worker {}", env.worker_id);
-                vec![
-                    ("GIT_AUTHOR_NAME".to_string(), name.clone()),
-                    ("GIT_COMMITTER_NAME".to_string(), name),
-                    (
-                        "GIT_AUTHOR_EMAIL".to_string(),
-                        "zerg-worker@local".to_string(),
-                    ),
-                    (
-                        "GIT_COMMITTER_EMAIL".to_string(),
-                        "zerg-worker@local".to_string(),
-                    ),
-                ]
+        let repo = match zerg_git::Repo::open(&env.worktree) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!(
+                    "zerg-worker-agent: git fallback (cannot open the worktree in process: {e}): git does every step"
+                );
+                None
             }
         };
-        let git_dir = run::git(&env.worktree, &["rev-parse", "--absolute-git-dir"])
-            .await
-            .ok()
-            .map(PathBuf::from);
+        // Commits need an identity; use the user's git config when it has one.
+        let (who, identity) = match repo.as_ref().and_then(zerg_git::Identity::of) {
+            Some(who) => (who, vec![]),
+            None => {
+                let who = zerg_git::Identity {
+                    name: format!("ZERG Worker {}", env.worker_id),
+                    email: "zerg-worker@local".into(),
+                };
+                let identity = vec![
+                    ("GIT_AUTHOR_NAME".to_string(), who.name.clone()),
+                    ("GIT_COMMITTER_NAME".to_string(), who.name.clone()),
+                    ("GIT_AUTHOR_EMAIL".to_string(), who.email.clone()),
+                    ("GIT_COMMITTER_EMAIL".to_string(), who.email.clone()),
+                ];
+                (who, identity)
+            }
+        };
+        let git_dir = match &repo {
+            Some(r) => Some(r.git_dir().to_path_buf()),
+            None => run::git(&env.worktree, &["rev-parse", "--absolute-git-dir"])
+                .await
+                .ok()
+                .map(PathBuf::from),
+        };
         eprintln!(
             "zerg-worker-agent: worker {} registered for rush {}",
             env.worker_id, env.rush_id
@@ -178,6 +194,8 @@ impl Session {
             tasks_completed: 0,
             tiers: Vec::new(),
             identity,
+            who,
+            repo,
             git_dir,
             attempt: Report::default(),
             detail: Arc::default(),

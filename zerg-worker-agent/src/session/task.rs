@@ -3,9 +3,22 @@
 
 use super::*;
 
+/// The handoff directory, relative to the worktree; never committed.
+const TASK_DIR: &str = ".zerg-task";
+
 impl Session {
     pub(super) fn task_dir(&self) -> PathBuf {
-        self.env.worktree.join(".zerg-task")
+        self.env.worktree.join(TASK_DIR)
+    }
+
+    /// Runs `f` on the worktree's in-process handle on the blocking pool; `None` without a
+    /// handle (or if `f` panicked).
+    async fn in_repo<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&zerg_git::Repo) -> T + Send + 'static,
+    ) -> Option<T> {
+        let repo = self.repo.clone()?;
+        tokio::task::spawn_blocking(move || f(&repo)).await.ok()
     }
 
     /// Pathspecs that keep the handoff directory out of commits. Paths that git already ignores
@@ -13,7 +26,7 @@ impl Session {
     pub(super) async fn pathspec_excludes(&self) -> Vec<String> {
         // The spec is not excluded here (in a container it is ignored, and naming an ignored
         // path fails `git add`): `restore_spec` puts it back in the index instead.
-        let paths = vec![".zerg-task".to_string()];
+        let paths = vec![TASK_DIR.to_string()];
         let mut v = Vec::new();
         for p in paths {
             if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
@@ -27,6 +40,8 @@ impl Session {
     }
 
     /// Resets the worktree to the commit zergd gave, so every task starts from a known state.
+    /// Inside a level the base is usually this worker's own last commit, with nothing changed
+    /// since: then there is nothing to reset.
     pub(super) async fn prepare_worktree(&self, task: &v1::Task) -> Result<(), String> {
         let wt = &self.env.worktree;
         // An earlier process of this slot, or the agent CLI of an earlier attempt that was
@@ -40,9 +55,22 @@ impl Session {
         } else {
             task.base_commit.as_str()
         };
-        run::git(wt, &["reset", "--hard", "-q", base]).await?;
-        let rel = self.env.spec_rel();
-        run::git(wt, &["clean", "-fdq", "-e", ".zerg-task", "-e", &rel]).await?;
+        let clean = !task.base_commit.is_empty()
+            && task.resume_from.is_empty()
+            && self
+                .in_repo({
+                    let base = task.base_commit.clone();
+                    move |r| r.is_clean_at(&base, &[TASK_DIR])
+                })
+                .await
+                .is_some_and(|r| r.unwrap_or(false));
+        if !clean {
+            zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+            eprintln!("zerg-worker-agent: git fallback (worktree reset) to {base}");
+            run::git(wt, &["reset", "--hard", "-q", base]).await?;
+            let rel = self.env.spec_rel();
+            run::git(wt, &["clean", "-fdq", "-e", TASK_DIR, "-e", &rel]).await?;
+        }
         let td = self.task_dir();
         let _ = tokio::fs::remove_dir_all(&td).await;
         tokio::fs::create_dir_all(&td)
@@ -363,7 +391,7 @@ impl Session {
 
         // Commit.
         self.set_step(v1::Step::Committing, 95);
-        let commit = match self.commit(&task).await {
+        let (commit, changed) = match self.commit(&task).await {
             Ok(c) => c,
             Err(e) => {
                 return self
@@ -371,7 +399,7 @@ impl Session {
                     .await;
             }
         };
-        let out_of_scope = self.out_of_scope(&task, &commit).await;
+        let out_of_scope = self.out_of_scope(&task, &commit, changed).await;
         let (tokens, models) = usage_to_wire(&self.attempt);
         let req = v1::CompleteRequest {
             worker: Some(self.env.me()),
@@ -429,20 +457,56 @@ impl Session {
         TaskEnd::Next
     }
 
-    pub(super) async fn commit(&self, task: &v1::Task) -> Result<String, String> {
+    /// Commits the task: in process when it can be (the commit, and the paths it changed
+    /// since the base), else with git (the commit alone).
+    pub(super) async fn commit(
+        &self,
+        task: &v1::Task,
+    ) -> Result<(String, Option<Vec<String>>), String> {
+        let msg = format!(
+            "ZERG [{}]: {}\n\nTask-ID: {}\n",
+            self.env.worker_id, task.title, task.id
+        );
+        let done = self
+            .in_repo({
+                let (base, spec, who, msg) = (
+                    task.base_commit.clone(),
+                    self.env.spec_rel(),
+                    self.who.clone(),
+                    msg.clone(),
+                );
+                move |r| r.commit_worktree(&base, &spec, &[TASK_DIR], &msg, &who)
+            })
+            .await;
+        match done {
+            Some(Ok(Ok(c))) => return Ok((c.commit, Some(c.changed))),
+            Some(Ok(Err(why))) => {
+                eprintln!(
+                    "zerg-worker-agent: git fallback ({}): committing with git",
+                    why.name()
+                )
+            }
+            Some(Err(e)) => {
+                eprintln!(
+                    "zerg-worker-agent: git fallback (the commit in process failed: {e}): committing with git"
+                )
+            }
+            None if self.repo.is_some() => {
+                eprintln!(
+                    "zerg-worker-agent: git fallback (the commit in process panicked): committing with git"
+                )
+            }
+            None => {}
+        }
         let wt = &self.env.worktree;
         let mut add: Vec<String> = vec!["add".into(), "-A".into(), "--".into(), ".".into()];
         add.extend(self.pathspec_excludes().await);
         let add_ref: Vec<&str> = add.iter().map(String::as_str).collect();
         run::git(wt, &add_ref).await?;
         self.restore_spec(task).await;
-        let msg = format!(
-            "ZERG [{}]: {}\n\nTask-ID: {}\n",
-            self.env.worker_id, task.title, task.id
-        );
         self.git_with_identity(&["commit", "-q", "--allow-empty", "--no-verify", "-m", &msg])
             .await?;
-        run::git(wt, &["rev-parse", "HEAD"]).await
+        Ok((run::git(wt, &["rev-parse", "HEAD"]).await?, None))
     }
 
     /// Puts the rush's spec back in the index as the base commit has it, whatever the agent CLI
@@ -463,19 +527,32 @@ impl Session {
         run::git_with(&self.env.worktree, args, &self.identity).await
     }
 
-    /// Files the task changed that it does not own.
-    pub(super) async fn out_of_scope(&self, task: &v1::Task, commit: &str) -> Vec<String> {
+    /// Files the task changed that it does not own: from the commit's own change set, or
+    /// (after a commit by git) from git's diff.
+    pub(super) async fn out_of_scope(
+        &self,
+        task: &v1::Task,
+        commit: &str,
+        changed: Option<Vec<String>>,
+    ) -> Vec<String> {
         if task.base_commit.is_empty() {
             return vec![];
         }
-        let changed = run::git(
-            &self.env.worktree,
-            &["diff", "--name-only", &task.base_commit, commit],
-        )
-        .await
-        .unwrap_or_default();
-        changed
+        let changed = match changed {
+            Some(c) => c,
+            None => run::git(
+                &self.env.worktree,
+                &["diff", "--name-only", &task.base_commit, commit],
+            )
+            .await
+            .unwrap_or_default()
             .lines()
+            .map(str::to_string)
+            .collect(),
+        };
+        changed
+            .iter()
+            .map(String::as_str)
             .filter(|f| !f.is_empty())
             .filter(|f| {
                 !task
