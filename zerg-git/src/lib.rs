@@ -125,6 +125,16 @@ impl Repo {
         &self.dir
     }
 
+    /// The git directory (a linked worktree's own admin directory).
+    pub fn git_dir(&self) -> &Path {
+        self.repo.git_dir()
+    }
+
+    /// The common git directory (the main repository's, also for a linked worktree).
+    pub fn common_dir(&self) -> &Path {
+        self.repo.common_dir()
+    }
+
     /// Whether the repository stores SHA-256 object ids.
     pub fn is_sha256(&self) -> bool {
         self.repo.object_hash() != gix::hash::Kind::Sha1

@@ -121,8 +121,8 @@ fn main() {
         );
     }
     let several = |results: &mut BTreeMap<String, Value>,
-                       keys: &[&'static str],
-                       f: fn(&Opts) -> Result<BTreeMap<&'static str, f64>, String>| {
+                   keys: &[&'static str],
+                   f: fn(&Opts) -> Result<BTreeMap<&'static str, f64>, String>| {
         let got = runs_obj(&opts, keys, || f(&opts));
         for k in keys {
             record(results, k, got.get(*k).cloned().unwrap_or(Value::Null));
@@ -150,7 +150,11 @@ fn main() {
     if want("processes") {
         let p = processes(&opts);
         for k in ["processes_per_task", "git_fallbacks"] {
-            let v = p.get(k).cloned().map(|v| json!({"median": v, "runs": 1, "detail": p})).unwrap_or_else(|| p.clone());
+            let v = p
+                .get(k)
+                .cloned()
+                .map(|v| json!({"median": v, "runs": 1, "detail": p}))
+                .unwrap_or_else(|| p.clone());
             record(&mut results, k, v);
         }
     }
@@ -563,7 +567,8 @@ fn programs_started(trace: &str) -> BTreeMap<String, u64> {
             let name = path.rsplit('/').next().unwrap_or(path).to_string();
             pending.insert(pid, name);
         }
-        if rest.contains("execve") && rest.trim_end().ends_with("= 0")
+        if rest.contains("execve")
+            && rest.trim_end().ends_with("= 0")
             && let Some(name) = pending.remove(pid)
         {
             *out.entry(name).or_insert(0) += 1;
@@ -584,7 +589,10 @@ fn processes(opts: &Opts) -> Value {
     repo.write_config(BENCH_WORKERS);
     repo.write_script("pr", &json!({"default": [{"op": "write_owned"}]}));
     let d = Daemon::start();
-    let trace = match Strace::attach(d.pid() as i32, &["-f", "-qq", "-e", "trace=execve", "-e", "signal=none"]) {
+    let trace = match Strace::attach(
+        d.pid() as i32,
+        &["-f", "-qq", "-e", "trace=execve", "-e", "signal=none"],
+    ) {
         Ok(t) => t,
         Err(why) => return json!({"skipped": why}),
     };

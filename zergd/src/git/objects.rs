@@ -6,11 +6,10 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
 use crate::fsat::Dir;
-use crate::launcher::container::normalize;
 
 /// How much a container's objects may weigh (`container.max_object_size` and
 /// `container.max_pack_size`).
@@ -43,6 +42,9 @@ impl Default for ImportLimits {
 /// - A pack goes through `git index-pack --strict --max-input-size` into a quarantine
 ///   directory; only when no object in it is larger than the limit is it moved into the store.
 /// - A bad entry is skipped, never the whole import; objects that exist are never overwritten.
+/// - What was imported (or was in the store already) is removed from the worker's dir: the
+///   container still reads it through its alternate, the real store, and each import reads
+///   only what is new since the last, however long the rush.
 /// - One import per worker at a time: a second caller waits for the first.
 ///
 /// The launcher calls this whenever a worker container exits; zergd also calls it before it
@@ -57,14 +59,60 @@ pub fn import_worker_objects(
     import_objects(&common, feature, worker_id, limits)
 }
 
-/// The repository's common git dir (absolute), asked of git itself.
+/// The repository's common git dir (absolute).
 pub(crate) fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
-    let out = crate::git::git(
-        repo,
-        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
-    )
-    .map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(normalize(Path::new(&out)))
+    let git = zerg_git::Repo::open(repo).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(common_dir_in(&git))
+}
+
+/// The common git dir of an open repository (absolute).
+pub(crate) fn common_dir_in(git: &zerg_git::Repo) -> PathBuf {
+    let dir = git.common_dir();
+    if dir.is_absolute() {
+        normalize(dir)
+    } else {
+        normalize(&git.dir().join(dir))
+    }
+}
+
+/// Per-worker git areas (`<common>/zerg/<feature>/worker-<N>`) live here, inside the common git
+/// dir.
+pub(crate) const WORKER_GIT_SUBDIR: &str = "zerg";
+
+/// Resolves `.` and `..` without touching the filesystem.
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// The private git directory of worker `worker_id` of a rush of `feature`
+/// (`<common>/zerg/<feature>/worker-<N>`), mounted in its container in place of the real common
+/// git dir. zergd builds it from scratch at every spawn: copies of `config`, `HEAD` and
+/// `info/exclude`, a snapshot of every ref as `packed-refs`, the worktree's own admin dir
+/// (`worktrees/<name>`: `HEAD`, `commondir`, `gitdir`, the sparse checkout that keeps the spec
+/// out of git's hands), and `objects/` where the container's new objects land (the real store,
+/// read-only, is its alternate). Everything git writes inside the container — commits, the
+/// worker branch, other refs, the index — stays here; zergd moves the real worker branch itself
+/// once it has checked and accepted a reported commit. It is removed when the rush ends.
+pub fn worker_git_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
+    common_dir
+        .join(WORKER_GIT_SUBDIR)
+        .join(feature)
+        .join(format!("worker-{worker_id}"))
+}
+
+/// The private object directory of a worker (see [`worker_git_dir`]).
+pub fn worker_object_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
+    worker_git_dir(common_dir, feature, worker_id).join("objects")
 }
 
 /// The workers whose import is running, by private object dir.
@@ -101,7 +149,7 @@ pub(crate) fn import_objects(
     worker: u32,
     limits: ImportLimits,
 ) -> io::Result<usize> {
-    let from_path = crate::launcher::container::worker_object_dir(common, feature, worker);
+    let from_path = worker_object_dir(common, feature, worker);
     let _slot = ImportSlot::take(from_path.clone());
     // Every step from the common dir down is opened without following a symlink: a symlink
     // anywhere on the way would make zergd import (and so expose) objects of a repository the
@@ -161,6 +209,9 @@ fn import_fanout(
         }
         let dest_dir = to.join(prefix);
         if dest_dir.join(file_s).exists() {
+            // Imported before (or the store had it): the container reads it through its
+            // alternate, so the copy in its own dir only makes every later import look again.
+            let _ = sub.remove(&file);
             continue;
         }
         let id = format!("{prefix}{file_s}");
@@ -169,6 +220,8 @@ fn import_fanout(
                 if write_object(&dest_dir, file_s, &bytes)? {
                     n += 1;
                 }
+                // Imported: the next import does not read it again.
+                let _ = sub.remove(&file);
             }
             Err(why) => {
                 tracing::warn!(object = %from_path.join(prefix).join(file_s).display(), reason = %why, "not importing a worker's object; removed from its object dir");
@@ -435,7 +488,7 @@ mod tests {
             git(r, &["init", "-q", "-b", "main"]);
         }
         let common = fs::canonicalize(repo.join(".git")).unwrap();
-        let from = crate::launcher::container::worker_object_dir(&common, "f", 1);
+        let from = worker_object_dir(&common, "f", 1);
         fs::create_dir_all(&from).unwrap();
         Fixture {
             _dir: dir,
@@ -496,9 +549,16 @@ mod tests {
         for id in [&victim, &bogus, &linked] {
             assert!(!fx.has(id), "{id} must not be imported");
         }
-        // A refused object is removed from the worker's dir, so it is not read again.
+        // A refused object is removed from the worker's dir, so it is not read again; so is an
+        // imported one (the container reads it through its alternate), so that each import
+        // reads only what is new.
         assert!(!fx.from.join("ab").join(&bogus[2..]).exists());
+        assert!(!fx.from.join(&good[..2]).join(&good[2..]).exists());
+        // One the store had already goes too.
+        let (known, known_path) = blob(&fx.repo, "already in the store\n");
+        fx.put(&known, &known_path);
         assert_eq!(fx.import(ImportLimits::default()), 0, "imported once");
+        assert!(!fx.from.join(&known[..2]).join(&known[2..]).exists());
         assert_eq!(
             import_worker_objects(&fx.repo, "f", 9, ImportLimits::default()).unwrap(),
             0

@@ -151,9 +151,13 @@ pub(super) fn verify_commit(
     commit: &str,
     checkpoint: bool,
 ) -> Result<(), String> {
+    let git = match &check.git {
+        Some(g) => g.clone(),
+        None => zerg_git::Repo::open(&check.repo).map_err(|e| e.to_string())?,
+    };
     if let Some(limits) = check.container
-        && let Err(e) = crate::launcher::container::import_worker_objects(
-            &check.repo,
+        && let Err(e) = crate::git::objects::import_objects(
+            &crate::git::objects::common_dir_in(&git),
             &check.feature,
             check.worker,
             limits,
@@ -161,10 +165,6 @@ pub(super) fn verify_commit(
     {
         return Err(format!("cannot import the worker's git objects: {e}"));
     }
-    let git = match &check.git {
-        Some(g) => g.clone(),
-        None => zerg_git::Repo::open(&check.repo).map_err(|e| e.to_string())?,
-    };
     git.check_task_commit(&check.base, commit, &check.protected)?;
     if checkpoint {
         let r = format!("refs/zerg/{}/wip/{}", check.feature, check.task);

@@ -14,7 +14,7 @@
 //!   refs as `packed-refs`, the worktree's admin dir with a sparse checkout that leaves the
 //!   mounted spec alone, and its own object dir, with the real objects read-only at
 //!   `/zerg/shared-objects` as an alternate). Whatever git writes inside stays private; zergd
-//!   imports the new objects ([`import_worker_objects`], verified), checks a reported commit
+//!   imports the new objects ([`crate::git::objects::import_worker_objects`], verified), checks a reported commit
 //!   and moves the real worker branch itself. No file of the host's `.git` is writable from
 //!   inside.
 //! - Identity: never root. The agent runs as zergd's uid:gid, or, when zergd runs as root, as
@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::Docker;
@@ -74,8 +74,6 @@ const RUN_MOUNT: &str = image::RUN_MOUNT;
 const HOME_IN_IMAGE: &str = image::HOME;
 /// Where the repository's real object store is visible (read-only) inside.
 const SHARED_OBJECTS: &str = "/zerg/shared-objects";
-/// Per-worker git areas (`<common>/zerg/worker-<N>`) live here, inside the common git dir.
-const WORKER_GIT_SUBDIR: &str = "zerg";
 /// Engine request timeout (stop requests get the grace period on top).
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the exit path waits for the log mirror to drain.
@@ -651,8 +649,9 @@ mod spec;
 #[cfg(test)]
 mod tests;
 
+use crate::git::objects::WORKER_GIT_SUBDIR;
 use crate::git::objects::import_objects;
-pub use crate::git::objects::import_worker_objects;
+pub use crate::git::objects::{normalize, worker_git_dir, worker_object_dir};
 pub use host::remove_rush_area;
 use host::{grant_socket, prepare_host};
 pub use spec::*;

@@ -79,42 +79,6 @@ impl GitLayout {
     }
 }
 
-/// Resolves `.` and `..` without touching the filesystem.
-pub(crate) fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
-
-/// The private git directory of worker `worker_id` of a rush of `feature`
-/// (`<common>/zerg/<feature>/worker-<N>`), mounted in its container in place of the real common
-/// git dir. zergd builds it from scratch at every spawn: copies of `config`, `HEAD` and
-/// `info/exclude`, a snapshot of every ref as `packed-refs`, the worktree's own admin dir
-/// (`worktrees/<name>`: `HEAD`, `commondir`, `gitdir`, the sparse checkout that keeps the spec
-/// out of git's hands), and `objects/` where the container's new objects land (the real store,
-/// read-only, is its alternate). Everything git writes inside the container — commits, the
-/// worker branch, other refs, the index — stays here; zergd moves the real worker branch itself
-/// once it has checked and accepted a reported commit. It is removed when the rush ends.
-pub fn worker_git_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
-    common_dir
-        .join(WORKER_GIT_SUBDIR)
-        .join(feature)
-        .join(format!("worker-{worker_id}"))
-}
-
-/// The private object directory of a worker (see [`worker_git_dir`]).
-pub fn worker_object_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
-    worker_git_dir(common_dir, feature, worker_id).join("objects")
-}
-
 /// The home directory of worker `worker_id` (`<common>/zerg/<feature>/home-<N>`), mounted at
 /// `/home/worker`: built afresh at every spawn with a copy of the Claude login and nothing
 /// else, removed when the rush ends.
