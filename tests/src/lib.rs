@@ -467,7 +467,18 @@ impl Daemon {
             .append(true)
             .open(self.dir.path().join("zergd.log"))
             .expect("log");
-        let mut cmd = Command::new(bin("zergd"));
+        // A profiler around zergd (`ZERG_TEST_ZERGD_WRAPPER="heaptrack -o /tmp/zergd"`): the
+        // words of the variable, then zergd and its arguments.
+        let wrapper = std::env::var("ZERG_TEST_ZERGD_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(bin("zergd"));
+                c
+            }
+            None => Command::new(bin("zergd")),
+        };
         self.isolate(&mut cmd);
         // What the test unsets goes first: what it sets wins.
         for k in &self.unset {

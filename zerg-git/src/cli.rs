@@ -158,11 +158,6 @@ pub fn has_identity(dir: &Path) -> bool {
         && git(dir, &["var", "GIT_AUTHOR_IDENT"]).is_ok()
 }
 
-/// The top level of the repository containing `dir`.
-pub fn toplevel(dir: &Path) -> Result<PathBuf, GitError> {
-    git(dir, &["rev-parse", "--show-toplevel"]).map(PathBuf::from)
-}
-
 /// The checked-out branch name (or `HEAD` when detached) and commit.
 pub fn head(repo: &Path) -> Result<(String, String), GitError> {
     let commit = git(repo, &["rev-parse", "HEAD"])?;

@@ -296,5 +296,20 @@ fn names(moves: &[(&str, &str, Expect)]) -> String {
     moves.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
 }
 
+/// The top level of the worktree that contains `dir`, symlinks resolved: what
+/// `git rev-parse --show-toplevel` prints, without starting git.
+pub fn toplevel(dir: &Path) -> Result<PathBuf, Error> {
+    let err = |message: String| Error {
+        what: "find the repository".into(),
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let repo = gix::discover(dir).map_err(|e| err(format!("not a git repository: {e}")))?;
+    let top = repo
+        .workdir()
+        .ok_or_else(|| err("a bare repository has no worktree".into()))?;
+    std::fs::canonicalize(top).map_err(|e| err(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests;

@@ -468,3 +468,24 @@ fn identities_come_from_the_repository_config() {
         })
     );
 }
+
+#[test]
+fn the_top_level_is_gits_own() {
+    let (d, r, base) = fixture("sha1");
+    let wt = worktree(&r, &base);
+    std::fs::create_dir_all(r.join("src/deep")).unwrap();
+    for dir in [r.join("src/deep"), r.clone(), wt.join("src"), wt.clone()] {
+        assert_eq!(
+            toplevel(&dir).unwrap().to_string_lossy(),
+            git(&dir, &["rev-parse", "--show-toplevel"])
+        );
+    }
+    // Through a symlink, as git resolves it.
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&r, &link).unwrap();
+    assert_eq!(
+        toplevel(&link).unwrap().to_string_lossy(),
+        git(&link, &["rev-parse", "--show-toplevel"])
+    );
+    assert!(toplevel(d.path()).is_err());
+}

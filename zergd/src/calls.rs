@@ -299,3 +299,19 @@ pub struct RetryTasks {
     /// A new budget (USD); `None` keeps the current one.
     pub max_usd: Option<f64>,
 }
+
+/// What `Status`, `Watch` and `List` show of a rush: a read-only view the supervisor hands
+/// out, so that the wire projects it without knowing the supervisor's own types.
+#[derive(Debug)]
+pub struct RushView<'a> {
+    /// The rush's state document.
+    pub doc: &'a crate::state::StateDoc,
+    /// Each level of the graph and the ids of its tasks.
+    pub levels: BTreeMap<u32, Vec<&'a str>>,
+    /// The graph's last level.
+    pub total_levels: u32,
+    /// Escalations raised during the rush.
+    pub escalations: &'a [Escalation],
+    /// Whether the rush has ended.
+    pub ended: bool,
+}

@@ -284,3 +284,13 @@ mod tests {
         assert!(!TaskStatus::WaitingRetry.is_terminal());
     }
 }
+
+/// Branch of a worker slot.
+pub fn worker_branch(feature: &str, id: u32) -> String {
+    format!("zerg/{feature}/worker-{id}")
+}
+
+/// The staging branch.
+pub fn staging_branch(feature: &str) -> String {
+    format!("zerg/{feature}/staging")
+}

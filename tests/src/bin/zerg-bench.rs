@@ -564,7 +564,10 @@ fn programs_started(trace: &str) -> BTreeMap<String, u64> {
         };
         if let Some(args) = rest.trim_start().strip_prefix("execve(\"") {
             let path = args.split('"').next().unwrap_or_default();
-            let name = path.rsplit('/').next().unwrap_or(path).to_string();
+            let mut name = path.rsplit('/').next().unwrap_or(path).to_string();
+            if name == "git" {
+                name = format!("git {}", git_subcommand(args));
+            }
             pending.insert(pid, name);
         }
         if rest.contains("execve")
@@ -575,6 +578,29 @@ fn programs_started(trace: &str) -> BTreeMap<String, u64> {
         }
     }
     out
+}
+
+/// The subcommand of a git command line as strace prints it (`"/usr/bin/git", ["git", "-c",
+/// "core.hooksPath=/dev/null", "-C", "/x", "merge-base", …`): the first word that is not an
+/// option or an option's value.
+fn git_subcommand(args: &str) -> String {
+    let Some(argv) = args.split_once('[').map(|(_, a)| a) else {
+        return String::new();
+    };
+    let mut words = argv
+        .split("\", \"")
+        .map(|w| w.trim_matches(|c| c == '"' || c == ']'));
+    words.next(); // "git"
+    while let Some(w) = words.next() {
+        match w {
+            "-c" | "-C" | "--git-dir" | "--work-tree" => {
+                words.next();
+            }
+            w if w.starts_with('-') => {}
+            w => return w.chars().take(24).collect(),
+        }
+    }
+    String::new()
 }
 
 /// A rush of a few levels under `strace -f -e trace=execve` on zergd: the programs started per

@@ -11,7 +11,7 @@
 //! whole-file write) when the rush starts or is reloaded, when the rush changes state (paused,
 //! complete, …), when zergd shuts down, when the journal has grown past twice the document's
 //! size (at least 1 MiB), and when a level starts: always for a document under 1 MiB (about
-//! 1,400 tasks), for a larger one once the journal holds a quarter of its size. So the
+//! 1,400 tasks), for a larger one once the journal is as large as the document. So the
 //! original's tools, which read only `<feature>.json`, see every level boundary of an ordinary
 //! rush and the final state of every rush; during a very large one the file may be a few levels
 //! behind (at 10,000 tasks a level adds about a tenth of the document to the journal, and a
@@ -402,9 +402,10 @@ impl Journal {
         let level_changed = self.compacted_at.map(|(l, _)| l) != Some(doc.current_level);
         let state_changed = self.compacted_at.map(|(_, s)| s) != Some(doc.rush.state);
         // A level start compacts a document under 1 MiB every time (the compatible file is
-        // exact at each level boundary), a larger one once the journal holds a quarter of it.
-        let level_due = level_changed
-            && (self.doc_bytes < COMPACT_MIN_BYTES || 4 * self.bytes >= self.doc_bytes);
+        // exact at each level boundary), a larger one once the journal is as large as it: so
+        // whole writes never cost more than the records since the last one.
+        let level_due =
+            level_changed && (self.doc_bytes < COMPACT_MIN_BYTES || self.bytes >= self.doc_bytes);
         let due = self.must_compact
             || state_changed
             || level_due
@@ -718,7 +719,7 @@ mod tests {
     }
 
     #[test]
-    fn a_large_document_is_compacted_at_a_level_start_once_the_journal_holds_a_quarter() {
+    fn a_large_document_is_compacted_at_a_level_start_once_the_journal_is_as_large() {
         let (dir, mut j, mut d) = started(3000);
         assert!(j.doc_bytes > COMPACT_MIN_BYTES, "{} bytes", j.doc_bytes);
         step(&mut d, 0);
@@ -728,7 +729,7 @@ mod tests {
             "a small journal is not folded into a large document at a level start"
         );
         let mut i = 1;
-        while 4 * j.bytes < j.doc_bytes {
+        while j.bytes < j.doc_bytes {
             step(&mut d, i);
             i += 1;
             assert!(matches!(j.save(&mut d).unwrap(), Saved::Record(_)));

@@ -78,7 +78,7 @@ impl Supervisor {
             // Read-your-writes: the answer goes out after the state it shows is on disk.
             ControlCmd::Status(key, reply) => match self.find_whole(&key) {
                 Ok(id) => self.with_rush(&id, |r, fx| {
-                    fx.report(reply, Ok(crate::wire::status::rush_status(r)))
+                    fx.report(reply, Ok(crate::wire::status::rush_status(&r.view())))
                 }),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -93,7 +93,7 @@ impl Supervisor {
                     let (tx, rx) = mpsc::channel(64);
                     let first = crate::wire::status::watch_event(
                         None,
-                        Some(crate::wire::status::rush_status(&self.rushes[&id])),
+                        Some(crate::wire::status::rush_status(&self.rushes[&id].view())),
                     );
                     let _ = tx.try_send(Ok(first));
                     self.watchers.entry(id).or_default().push(super::Watcher {

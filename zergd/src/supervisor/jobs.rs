@@ -40,11 +40,11 @@ pub fn resolve_repo(repo: &str) -> Result<PathBuf, SupervisorError> {
             "repo: no repository path given",
         ));
     }
-    let p = Path::new(repo);
-    git::toplevel(p).map_err(|e| {
+    // Found in process: every command a client sends names its repository this way.
+    zerg_git::toplevel(Path::new(repo)).map_err(|e| {
         SupervisorError::invalid_argument(format!(
             "{repo} is not inside a git repository: {}",
-            e.stderr
+            e.message
         ))
     })
 }
@@ -125,8 +125,13 @@ pub fn prepare_fresh(
         ))
     })?;
     let staging = staging_branch(feature);
-    if let Some(old) = git::rev(repo, &format!("refs/heads/{staging}"))
-        && !git::is_ancestor(repo, &old, &base_commit)
+    // Read in process: up to 64 worker branches are looked at.
+    let handle = zerg_git::Repo::open(repo).map_err(|e| {
+        SupervisorError::failed_precondition(format!("cannot open {}: {e}", repo.display()))
+    })?;
+    let on_base = |tip: &str| handle.is_ancestor(tip, &base_commit).unwrap_or(false);
+    if let Some(old) = handle.commit_id(&format!("refs/heads/{staging}"))
+        && !on_base(&old)
     {
         return Err(SupervisorError::failed_precondition(format!(
             "branch {staging} holds commits from an earlier rush that are not on {base_branch}; merge it, or delete it with `git branch -D {staging}`, then rush again"
@@ -135,23 +140,24 @@ pub fn prepare_fresh(
     let paths = RushPaths::new(repo.to_path_buf(), feature);
     // Leftovers of an earlier rush of this feature can go, but only when nothing would be lost:
     // every worker branch must already be on the base.
+    let mut leftover = Vec::new();
     for w in 0..64u32 {
         let b = worker_branch(feature, w);
-        if let Some(tip) = git::rev(repo, &format!("refs/heads/{b}"))
-            && !git::is_ancestor(repo, &tip, &base_commit)
+        let tip = handle.commit_id(&format!("refs/heads/{b}"));
+        if let Some(tip) = &tip
+            && !on_base(tip)
         {
             return Err(SupervisorError::failed_precondition(format!(
                 "branch {b} holds commits from an earlier rush that are not on {base_branch}; merge them, or delete the branch with `git branch -D {b}`, then rush again"
             )));
         }
-    }
-    for w in 0..64u32 {
-        let wt = paths.worker_worktree(w);
-        let b = worker_branch(feature, w);
-        if wt.exists() || git::rev(repo, &format!("refs/heads/{b}")).is_some() {
-            git::remove_worktree(repo, &wt, Some(&b))
-                .map_err(internal("removing an old worktree"))?;
+        if tip.is_some() || paths.worker_worktree(w).exists() {
+            leftover.push((w, b));
         }
+    }
+    for (w, b) in leftover {
+        git::remove_worktree(repo, &paths.worker_worktree(w), Some(&b))
+            .map_err(internal("removing an old worktree"))?;
     }
     git::remove_worktree(repo, &paths.staging_worktree(), Some(&staging))
         .map_err(internal("removing the old staging worktree"))?;

@@ -454,7 +454,9 @@ impl Supervisor {
                         for i in 0..n {
                             let st = (i + 1 == n && send).then(|| {
                                 status
-                                    .get_or_insert_with(|| crate::wire::status::rush_status(r))
+                                    .get_or_insert_with(|| {
+                                        crate::wire::status::rush_status(&r.view())
+                                    })
                                     .clone()
                             });
                             if msgs.get(i).is_none() && st.is_none() {
@@ -495,7 +497,7 @@ impl Supervisor {
                     continue;
                 }
                 let st = status
-                    .get_or_insert_with(|| crate::wire::status::rush_status(r))
+                    .get_or_insert_with(|| crate::wire::status::rush_status(&r.view()))
                     .clone();
                 let _ =
                     w.tx.try_send(Ok(crate::wire::status::watch_event(None, Some(st))));
@@ -646,7 +648,7 @@ impl Supervisor {
 
 /// A rush's line in the registry, with what `list` shows of it.
 fn registry_entry(r: &Rush) -> RegistryEntry {
-    let sum = crate::wire::status::rush_summary(r);
+    let sum = crate::wire::status::rush_summary(&r.doc);
     RegistryEntry {
         rush_id: r.id().to_string(),
         repo: r.doc.rush.repo.clone(),

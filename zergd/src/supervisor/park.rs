@@ -47,7 +47,7 @@ impl Supervisor {
         let mut rushes: Vec<v1::RushSummary> = self
             .rushes
             .values()
-            .map(crate::wire::status::rush_summary)
+            .map(|r| crate::wire::status::rush_summary(&r.doc))
             .chain(self.parked.values().map(|e| v1::RushSummary {
                 rush_id: e.rush_id.clone(),
                 repo: e.repo.clone(),

@@ -1495,7 +1495,7 @@ fn cost_and_tokens_are_summed_per_task_and_rush_across_attempts() {
     assert_eq!(ts.tokens.input_tokens, 1100);
     assert_eq!(ts.tokens.cache_read_tokens, 2200);
     assert_eq!(ts.models["m"].cost_usd, 1.0);
-    let st = crate::wire::status::rush_status(&h.r);
+    let st = crate::wire::status::rush_status(&h.r.view());
     assert_eq!(st.cost_usd, 1.0);
     let tok = st.tokens.expect("tokens");
     assert_eq!((tok.input_tokens, tok.output_tokens), (1100, 110));
@@ -1630,7 +1630,7 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.lease_id, None);
     assert_eq!(h.r.doc.rush.rate_limited_until_ms, until);
-    let st = crate::wire::status::rush_status(&h.r);
+    let st = crate::wire::status::rush_status(&h.r.view());
     assert!(!st.rate_limited_until.is_empty());
     assert_eq!(st.rate_limit_type, "five_hour");
     assert!(
@@ -1837,7 +1837,10 @@ fn retry_clears_finished_at() {
     assert!(!h.r.doc.rush.finished_at.is_empty());
     h.retry();
     assert_eq!(h.r.state(), RushState::Running);
-    assert_eq!(crate::wire::status::rush_status(&h.r).finished_at, "");
+    assert_eq!(
+        crate::wire::status::rush_status(&h.r.view()).finished_at,
+        ""
+    );
 }
 
 #[test]

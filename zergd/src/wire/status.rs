@@ -4,16 +4,16 @@ use zerg_proto::v1;
 
 use std::collections::BTreeMap;
 
-use crate::calls::Escalation;
+use crate::calls::{Escalation, RushView};
+use crate::domain::staging_branch;
 use crate::domain::{RushState, TaskStatus};
 use crate::monitor::{Level, MonitorEvent};
-use crate::state::{ModelSpend, Tokens};
-use crate::supervisor::rush::{Rush, staging_branch};
+use crate::state::{ModelSpend, StateDoc, Tokens};
 use crate::wire;
 
 /// The full status of a rush.
-pub fn rush_status(rush: &Rush) -> v1::RushStatus {
-    let d = &rush.doc;
+pub fn rush_status(rush: &RushView<'_>) -> v1::RushStatus {
+    let d = rush.doc;
     let tasks = d
         .tasks
         .iter()
@@ -68,8 +68,8 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
             )
         })
         .collect();
-    let graph_levels = rush.graph.levels();
-    let levels = graph_levels
+    let levels = rush
+        .levels
         .iter()
         .map(|(l, ts)| {
             let ls = d.levels.get(&l.to_string()).cloned().unwrap_or_default();
@@ -85,7 +85,7 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
                         .iter()
                         .filter(|t| {
                             d.tasks
-                                .get(&t.id)
+                                .get(**t)
                                 .is_some_and(|x| x.status == TaskStatus::Complete)
                         })
                         .count() as u32,
@@ -116,7 +116,7 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
             ));
         }
     }
-    let report = if rush.is_terminal() && d.rush.state != RushState::Complete {
+    let report = if rush.ended && d.rush.state != RushState::Complete {
         d.tasks
             .iter()
             .filter(|(_, t)| t.status != TaskStatus::Complete)
@@ -131,7 +131,7 @@ pub fn rush_status(rush: &Rush) -> v1::RushStatus {
         feature: d.feature.clone(),
         state: wire::state::<v1::RushState>(d.rush.state),
         current_level: d.current_level,
-        total_levels: rush.graph.max_level(),
+        total_levels: rush.total_levels,
         mode: wire::state::<v1::LaunchMode>(d.rush.mode),
         tasks,
         workers,
@@ -187,20 +187,19 @@ fn tokens(t: &Tokens) -> v1::Tokens {
 }
 
 /// A one-line summary of a rush for `List`.
-pub fn rush_summary(rush: &Rush) -> v1::RushSummary {
+pub fn rush_summary(doc: &StateDoc) -> v1::RushSummary {
     v1::RushSummary {
-        rush_id: rush.doc.rush.rush_id.clone(),
-        repo: rush.doc.rush.repo.clone(),
-        feature: rush.doc.feature.clone(),
-        state: wire::state::<v1::RushState>(rush.doc.rush.state),
-        tasks_total: rush.doc.tasks.len() as u32,
-        tasks_complete: rush
-            .doc
+        rush_id: doc.rush.rush_id.clone(),
+        repo: doc.rush.repo.clone(),
+        feature: doc.feature.clone(),
+        state: wire::state::<v1::RushState>(doc.rush.state),
+        tasks_total: doc.tasks.len() as u32,
+        tasks_complete: doc
             .tasks
             .values()
             .filter(|t| t.status == TaskStatus::Complete)
             .count() as u32,
-        started_at: rush.doc.started_at.clone(),
+        started_at: doc.started_at.clone(),
     }
 }
 

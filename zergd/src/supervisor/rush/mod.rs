@@ -261,15 +261,7 @@ impl RushPaths {
     }
 }
 
-/// Branch of a worker slot.
-pub fn worker_branch(feature: &str, id: u32) -> String {
-    format!("zerg/{feature}/worker-{id}")
-}
-
-/// The staging branch.
-pub fn staging_branch(feature: &str) -> String {
-    format!("zerg/{feature}/staging")
-}
+pub use crate::domain::{staging_branch, worker_branch};
 
 /// One rush.
 pub struct Rush {
@@ -329,6 +321,21 @@ impl Rush {
                 tracing::warn!(error = %e, "cannot open the repository");
                 None
             }
+        }
+    }
+
+    /// The view of the rush that `Status`, `Watch` and `List` project.
+    pub fn view(&self) -> crate::calls::RushView<'_> {
+        let mut levels: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        for t in &self.graph.tasks {
+            levels.entry(t.level).or_default().push(t.id.as_str());
+        }
+        crate::calls::RushView {
+            doc: &self.doc,
+            levels,
+            total_levels: self.graph.max_level(),
+            escalations: &self.escalations,
+            ended: self.is_terminal(),
         }
     }
 
