@@ -55,13 +55,27 @@ pub struct TestRepo {
 impl TestRepo {
     /// Creates the repository.
     pub fn new() -> TestRepo {
+        TestRepo::with_object_format("sha1")
+    }
+
+    /// Creates the repository with object ids of `format` (`sha1` or `sha256`).
+    pub fn with_object_format(format: &str) -> TestRepo {
         let dir = tempfile::Builder::new()
             .prefix("zerg-e2e-")
             .tempdir()
             .expect("tempdir");
         let path = dir.path().join("repo");
         std::fs::create_dir_all(&path).expect("mkdir");
-        git(&path, &["init", "-q", "-b", "main"]);
+        git(
+            &path,
+            &[
+                "init",
+                "-q",
+                "-b",
+                "main",
+                &format!("--object-format={format}"),
+            ],
+        );
         std::fs::write(path.join("README.md"), "# test repo\n").expect("write");
         git(&path, &["add", "-A"]);
         git(&path, &["commit", "-q", "-m", "initial"]);

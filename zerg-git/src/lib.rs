@@ -106,9 +106,22 @@ impl std::fmt::Debug for Repo {
 }
 
 impl Repo {
-    /// Opens the repository or worktree at `dir`.
+    /// Opens the repository or worktree at `dir` for zergd: the user's and the system's git
+    /// config count, but no `GIT_*` variable of the process's own environment does (`GIT_DIR`,
+    /// `GIT_WORK_TREE`, `GIT_OBJECT_DIRECTORY`, `GIT_CONFIG_*` …), as zergd may have been
+    /// started from a shell inside another repository.
     pub fn open(dir: &Path) -> Result<Repo, Error> {
-        let mut repo = gix::open(dir).map_err(|e| Error {
+        Repo::open_with(dir, without_git_env(gix::open::Options::default()))
+    }
+
+    /// Opens the worktree at `dir` for a worker: its environment is the one zergd built, and
+    /// its `GIT_CONFIG_*` (a container's identity and sparse checkout) apply.
+    pub fn open_worktree(dir: &Path) -> Result<Repo, Error> {
+        Repo::open_with(dir, gix::open::Options::default())
+    }
+
+    fn open_with(dir: &Path, options: gix::open::Options) -> Result<Repo, Error> {
+        let mut repo = gix::open_opts(dir, options).map_err(|e| Error {
             what: "open the repository".into(),
             dir: dir.to_path_buf(),
             message: e.to_string(),
@@ -296,6 +309,15 @@ fn names(moves: &[(&str, &str, Expect)]) -> String {
     moves.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
 }
 
+/// `options` that read no `GIT_*` variable of the process's environment and no config from
+/// the environment (see [`Repo::open`]).
+fn without_git_env(mut options: gix::open::Options) -> gix::open::Options {
+    options.permissions.env.git_prefix = gix::sec::Permission::Deny;
+    options.permissions.env.objects = gix::sec::Permission::Deny;
+    options.permissions.config.env = false;
+    options
+}
+
 /// The top level of the worktree that contains `dir`, symlinks resolved: what
 /// `git rev-parse --show-toplevel` prints, without starting git.
 pub fn toplevel(dir: &Path) -> Result<PathBuf, Error> {
@@ -304,7 +326,11 @@ pub fn toplevel(dir: &Path) -> Result<PathBuf, Error> {
         dir: dir.to_path_buf(),
         message,
     };
-    let repo = gix::discover(dir).map_err(|e| err(format!("not a git repository: {e}")))?;
+    let repo = gix::ThreadSafeRepository::discover_opts(dir, Default::default(), |o, _| {
+        without_git_env(o)
+    })
+    .map(gix::Repository::from)
+    .map_err(|e| err(format!("not a git repository: {e}")))?;
     let top = repo
         .workdir()
         .ok_or_else(|| err("a bare repository has no worktree".into()))?;

@@ -489,3 +489,44 @@ fn the_top_level_is_gits_own() {
     );
     assert!(toplevel(d.path()).is_err());
 }
+
+#[test]
+fn zergd_ignores_git_variables_of_its_own_environment() {
+    let (_d, r, base) = fixture("sha1");
+    // Another repository's settings in the environment, as from a shell inside it. Only the
+    // worker's opening (whose environment zergd built) would read them.
+    let cmd = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(cmd)
+        .args([
+            "--exact",
+            "tests::open_under_a_hostile_environment",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env("ZERG_GIT_TEST_REPO", &r)
+        .env("ZERG_GIT_TEST_BASE", &base)
+        .env("GIT_DIR", "/nonexistent/.git")
+        .env("GIT_WORK_TREE", "/nonexistent")
+        .env("GIT_OBJECT_DIRECTORY", "/nonexistent/objects")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Run by [`zergd_ignores_git_variables_of_its_own_environment`] in a child process with a
+/// hostile environment.
+#[test]
+#[ignore = "run by zergd_ignores_git_variables_of_its_own_environment"]
+fn open_under_a_hostile_environment() {
+    let r = PathBuf::from(std::env::var("ZERG_GIT_TEST_REPO").unwrap());
+    let base = std::env::var("ZERG_GIT_TEST_BASE").unwrap();
+    assert_eq!(toplevel(&r).unwrap(), std::fs::canonicalize(&r).unwrap());
+    let repo = Repo::open(&r).unwrap();
+    assert_eq!(repo.commit_id("HEAD"), Some(base.clone()));
+    assert_eq!(repo.check_task_commit(&base, &base, ".gsd/specs/f"), Ok(()));
+}

@@ -129,7 +129,7 @@ fn main() {
         row(
             &format!("status snapshot ({n} tasks)"),
             measure(20, || {
-                std::hint::black_box(zergd::wire::status::rush_status(&r));
+                std::hint::black_box(zergd::wire::status::rush_status(&r.view()));
             }),
         );
         let dir = tempfile::tempdir().expect("tempdir");

@@ -257,6 +257,16 @@ closed_set! {
     }
 }
 
+/// Branch of a worker slot.
+pub fn worker_branch(feature: &str, id: u32) -> String {
+    format!("zerg/{feature}/worker-{id}")
+}
+
+/// The staging branch.
+pub fn staging_branch(feature: &str) -> String {
+    format!("zerg/{feature}/staging")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,14 +293,4 @@ mod tests {
         assert!(TaskStatus::Blocked.is_terminal());
         assert!(!TaskStatus::WaitingRetry.is_terminal());
     }
-}
-
-/// Branch of a worker slot.
-pub fn worker_branch(feature: &str, id: u32) -> String {
-    format!("zerg/{feature}/worker-{id}")
-}
-
-/// The staging branch.
-pub fn staging_branch(feature: &str) -> String {
-    format!("zerg/{feature}/staging")
 }

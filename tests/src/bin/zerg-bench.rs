@@ -13,6 +13,7 @@
 //! docs/benchmarks.md; a scenario that cannot run here reports why instead.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,7 @@ const LIMIT: Duration = Duration::from_secs(900);
 const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_grace_seconds: 2\n";
 
 /// Scenario names for `--only`, in the order they run.
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "git",
     "demo",
     "throughput",
@@ -42,6 +43,7 @@ const SCENARIOS: [&str; 14] = [
     "soak",
     "concurrent",
     "restart",
+    "build",
 ];
 
 struct Opts {
@@ -229,6 +231,14 @@ fn main() {
             "restart_first_list_ms_500_ended",
             restart_500(),
         );
+    }
+    if want("build") {
+        let v = if opts.quick {
+            json!({"skipped": "not in --quick"})
+        } else {
+            clean_release_build()
+        };
+        record(&mut results, "clean_release_build_s", v);
     }
     if opts.vs_original {
         record(&mut results, "vs_original", vs_original());
@@ -603,6 +613,20 @@ fn git_subcommand(args: &str) -> String {
     String::new()
 }
 
+/// Ids of the containers (running or not) of the bench's container rushes.
+fn bench_containers() -> Vec<String> {
+    Command::new("docker")
+        .args(["ps", "-aq", "--filter", "name=zerg-cready-worker-"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A rush of a few levels under `strace -f -e trace=execve` on zergd: the programs started per
 /// task (git, the agent CLI, the worker agents, anything else), and how often git was the
 /// fallback for something normally done in process (the `git fallback` lines of zergd's and
@@ -885,6 +909,44 @@ fn noisy_verify_overhead() -> Result<f64, String> {
 }
 
 /// The original ZERG side by side: needs Python 3.12 or newer for `zerg-ai` 0.3.2.
+/// `cargo build --release --workspace --bins` of this workspace into an empty target
+/// directory (the crates themselves already downloaded): the seconds it takes, and the size of
+/// the binaries.
+fn clean_release_build() -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => return json!({"error": e.to_string()}),
+    };
+    let t = Instant::now();
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "--workspace", "--bins", "--quiet"])
+        .arg("--target-dir")
+        .arg(target.path())
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .output();
+    let secs = t.elapsed().as_secs_f64();
+    match out {
+        Ok(o) if o.status.success() => {
+            let size = |b: &str| {
+                std::fs::metadata(target.path().join("release").join(b))
+                    .map(|m| round(m.len() as f64 / 1e6, 1))
+                    .unwrap_or(0.0)
+            };
+            json!({
+                "median": round(secs, 1),
+                "runs": 1,
+                "binary_mb": {"zergd": size("zergd"), "zergctl": size("zergctl"), "zerg-worker-agent": size("zerg-worker-agent")},
+            })
+        }
+        Ok(o) => {
+            json!({"error": String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string()})
+        }
+        Err(e) => json!({"error": format!("cannot run cargo: {e}")}),
+    }
+}
+
 fn vs_original() -> Value {
     for py in ["python3.14", "python3.13", "python3.12"] {
         if Command::new(py)
@@ -950,6 +1012,7 @@ fn markdown(v: &Value) -> String {
             "every Task-ID once; status_ms_p99 < 50",
         ),
         ("restart_first_list_ms_500_ended", "< 200"),
+        ("clean_release_build_s", "report"),
     ];
     for (k, goal) in goals {
         let r = &v["results"][k];
@@ -1138,6 +1201,19 @@ fn container_ready(opts: &Opts) -> Value {
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = d.ctl_in(&repo.path, &["stop", "cready", "--force"]);
+        // zergd removes the containers of a stopped rush; the bench leaves none behind either
+        // way (what zergd had not removed after 30 s is removed here).
+        let gone = Instant::now();
+        while !bench_containers().is_empty() && gone.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let left = bench_containers();
+        if !left.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&left)
+                .output();
+        }
         ready.ok_or_else(|| "the ten workers did not all heartbeat within 120 s".into())
     };
     let (mut zs, mut ps) = (Vec::new(), Vec::new());

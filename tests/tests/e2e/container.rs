@@ -225,6 +225,24 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
     );
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
     wait_no_containers(&rush_id);
+    // Inside the containers (sparse checkout, private git dir, the real store as alternate)
+    // each task was committed in process: the workers went to the git program only to reset
+    // their worktree when a level started on a new base.
+    let mut logs = String::new();
+    for e in std::fs::read_dir(repo.path.join(".zerg/logs"))
+        .unwrap()
+        .flatten()
+    {
+        if e.path().is_file() {
+            logs.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    let other: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("git fallback") && !l.contains("worktree reset"))
+        .collect();
+    assert!(other.is_empty(), "{other:#?}");
+    assert!(logs.contains("committed"), "no worker log read");
     // The host's git is intact.
     git(&repo.path, &["fsck", "--no-progress"]);
     assert_eq!(

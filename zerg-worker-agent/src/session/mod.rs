@@ -143,7 +143,7 @@ impl Session {
         let (abort_tx, abort_rx) = watch::channel(None);
         let (unreachable_tx, unreachable_rx) = watch::channel(false);
         tokio::spawn(heartbeat_loop(env.clone(), hb_rx, abort_tx, unreachable_tx));
-        let repo = match zerg_git::Repo::open(&env.worktree) {
+        let repo = match zerg_git::Repo::open_worktree(&env.worktree) {
             Ok(r) => Some(r),
             Err(e) => {
                 eprintln!(

@@ -1,0 +1,78 @@
+//! git done in process: a whole rush in a SHA-1 and in a SHA-256 repository, with the workers'
+//! commits, zergd's checks and the level merges made without the git program.
+
+use serde_json::json;
+use zerg_tests::*;
+
+/// `git fallback (…)` lines of the workers' logs and zergd's, except the worktree resets a
+/// worker does when a level starts on a new base.
+fn fallbacks_other_than_resets(repo: &TestRepo, d: &Daemon) -> Vec<String> {
+    let mut text = d.log();
+    if let Ok(rd) = std::fs::read_dir(repo.path.join(".zerg/logs")) {
+        for e in rd.flatten() {
+            text.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    text.lines()
+        .filter(|l| l.contains("git fallback") && !l.contains("worktree reset"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
+    for format in ["sha1", "sha256"] {
+        let repo = TestRepo::with_object_format(format);
+        repo.write_graph("feat", &graph_12("feat"));
+        // One agent also commits on its own, and one stages a file without committing it.
+        repo.write_script(
+            "feat",
+            &json!({"default": [{"op": "write_owned"}], "tasks": {
+                "G-L1-001": [{"op": "write_owned"}, {"op": "shell", "command": "git add -A && git -c user.name=a -c user.email=a@a commit -qm own"}],
+                "G-L1-002": [{"op": "write_owned"}, {"op": "shell", "command": "git add -A"}],
+            }}),
+        );
+        repo.configure(&Config::fake_agent().fast_workers());
+        let d = Daemon::start();
+        let out = d.ctl_in(&repo.path, &["rush", "feat", "--workers", "3"]);
+        assert!(
+            out.status.success(),
+            "{format}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            d.log()
+        );
+        let staging = "zerg/feat/staging";
+        assert_eq!(
+            git(&repo.path, &["rev-parse", "--show-object-format"]),
+            format
+        );
+        // Every task's commit is on staging, once, and so is every file the tasks own.
+        let ids = git(
+            &repo.path,
+            &["log", "--format=%(trailers:key=Task-ID,valueonly)", staging],
+        );
+        let mut ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+        ids.sort();
+        assert_eq!(ids, graph_12_ids(), "{format}");
+        let files = git(&repo.path, &["ls-tree", "-r", "--name-only", staging]);
+        for f in ["l1/a1.txt", "l1/a5.txt", "l3/c3.txt"] {
+            assert!(
+                files.lines().any(|l| l == f),
+                "{format}: {f} not on staging:\n{files}"
+            );
+        }
+        // Levels were merged: the merge commits are zergd's, with both parents.
+        let merges = git(&repo.path, &["rev-list", "--merges", "--count", staging]);
+        assert!(
+            merges.parse::<u32>().unwrap() >= 3,
+            "{format}: {merges} merges"
+        );
+        git(&repo.path, &["fsck", "--strict", "--no-dangling"]);
+        // Nothing went to the git program but the resets at level starts.
+        assert_eq!(
+            fallbacks_other_than_resets(&repo, &d),
+            Vec::<String>::new(),
+            "{format}"
+        );
+    }
+}
