@@ -639,9 +639,20 @@ fn processes(opts: &Opts) -> Value {
     repo.write_config(BENCH_WORKERS);
     repo.write_script("pr", &json!({"default": [{"op": "write_owned"}]}));
     let d = Daemon::start();
+    // Strings long enough (`-s`) that every argument is whole: git's subcommand comes after
+    // `-C <path>`.
     let trace = match Strace::attach(
         d.pid() as i32,
-        &["-f", "-qq", "-e", "trace=execve", "-e", "signal=none"],
+        &[
+            "-f",
+            "-qq",
+            "-s",
+            "1024",
+            "-e",
+            "trace=execve",
+            "-e",
+            "signal=none",
+        ],
     ) {
         Ok(t) => t,
         Err(why) => return json!({"skipped": why}),

@@ -112,8 +112,8 @@ pub struct Session {
     identity: Vec<(String, String)>,
     /// Who the task commits are by.
     who: zerg_git::Identity,
-    /// The worktree, opened once; `None` if gix cannot open it (git then does everything).
-    repo: Option<zerg_git::Repo>,
+    /// Whether the worktree opened in process at the start (if not, git does every step).
+    in_process: bool,
     /// The worktree's own git directory, where stale lock files are looked for before each
     /// task (found once: it does not change while this process runs).
     git_dir: Option<PathBuf>,
@@ -195,7 +195,7 @@ impl Session {
             tiers: Vec::new(),
             identity,
             who,
-            repo,
+            in_process: repo.is_some(),
             git_dir,
             attempt: Report::default(),
             detail: Arc::default(),

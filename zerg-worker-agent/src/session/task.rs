@@ -11,14 +11,29 @@ impl Session {
         self.env.worktree.join(TASK_DIR)
     }
 
-    /// Runs `f` on the worktree's in-process handle on the blocking pool; `None` without a
-    /// handle (or if `f` panicked).
+    /// Runs `f` on the worktree, opened in process, on the blocking pool; `None` when it
+    /// cannot be opened in process (or if `f` panicked). The worktree is opened afresh each
+    /// time, so an idle worker holds no repository state.
     async fn in_repo<T: Send + 'static>(
         &self,
         f: impl FnOnce(&zerg_git::Repo) -> T + Send + 'static,
     ) -> Option<T> {
-        let repo = self.repo.clone()?;
-        tokio::task::spawn_blocking(move || f(&repo)).await.ok()
+        if !self.in_process {
+            return None;
+        }
+        let wt = self.env.worktree.clone();
+        tokio::task::spawn_blocking(move || match zerg_git::Repo::open_worktree(&wt) {
+            Ok(r) => Some(f(&r)),
+            Err(e) => {
+                eprintln!(
+                    "zerg-worker-agent: git fallback (cannot open the worktree in process: {e})"
+                );
+                None
+            }
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Pathspecs that keep the handoff directory out of commits. Paths that git already ignores
@@ -491,9 +506,10 @@ impl Session {
                     "zerg-worker-agent: git fallback (the commit in process failed: {e}): committing with git"
                 )
             }
-            None if self.repo.is_some() => {
+            // Opening it failed (said above) or the commit panicked.
+            None if self.in_process => {
                 eprintln!(
-                    "zerg-worker-agent: git fallback (the commit in process panicked): committing with git"
+                    "zerg-worker-agent: git fallback (the commit in process did not run): committing with git"
                 )
             }
             None => {}
