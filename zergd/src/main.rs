@@ -86,7 +86,9 @@ fn init_logging(
     let registry = tracing_subscriber::registry().with(filter());
     match file {
         Ok(appender) => {
-            let (writer, guard) = tracing_appender::non_blocking(appender);
+            let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+                .buffered_lines_limit(zergd::monitor::BUFFERED_LINES)
+                .finish(appender);
             let file = tracing_subscriber::fmt::layer()
                 .with_writer(writer)
                 .with_ansi(false);

@@ -78,6 +78,12 @@ impl std::fmt::Debug for Monitor {
     }
 }
 
+/// Lines a log writer may hold before its sender waits. The writer's channel allocates (and
+/// touches) a slot for each line up front: tracing-appender's default of 128,000 lines is 4 MiB
+/// per file, two files per rush. A burst of events is a few hundred lines; the writer thread
+/// drains them as they come.
+pub const BUFFERED_LINES: usize = 4096;
+
 impl Monitor {
     /// Opens `<repo>/.zerg/monitor.log` and `<repo>/.zerg/state/<feature>-events.jsonl` for
     /// appending.
@@ -90,6 +96,7 @@ impl Monitor {
             Some(
                 tracing_appender::non_blocking::NonBlockingBuilder::default()
                     .lossy(false)
+                    .buffered_lines_limit(BUFFERED_LINES)
                     .finish(appender),
             )
         };
