@@ -1,6 +1,7 @@
 //! The worker's side: whether a task can start without a reset, and the task's commit, both
 //! from one status of the worktree, in process.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use gix::bstr::{BStr, ByteSlice};
@@ -235,7 +236,7 @@ impl Repo {
             .repo
             .edit_tree(head_tree)
             .map_err(|e| self.err("edit HEAD's tree", e))?;
-        let mut on_disk: Vec<String> = Vec::new();
+        let mut on_disk: HashSet<String> = HashSet::new();
         for edit in edits {
             match edit {
                 Edit::Set(path, kind, id) => {
@@ -254,7 +255,7 @@ impl Repo {
                             editor
                                 .upsert(path.as_str(), kind, id)
                                 .map_err(|e| self.err(format!("add {path}"), e))?;
-                            on_disk.push(path);
+                            on_disk.insert(path);
                         }
                         // Gone since the status, or not a file: as `git add -A` would.
                         None => {
@@ -367,7 +368,7 @@ impl Repo {
         tree: gix::ObjectId,
         workdir: &Path,
         spec: &str,
-        on_disk: &[String],
+        on_disk: &HashSet<String>,
     ) -> Result<(), Error> {
         let old = self
             .repo
@@ -390,7 +391,7 @@ impl Repo {
                     continue;
                 }
             }
-            if under(&p, spec) || !on_disk.iter().any(|d| *d == p) {
+            if under(&p, spec) || !on_disk.contains(p.as_ref()) {
                 continue;
             }
             if let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&workdir.join(&*p))
