@@ -14,9 +14,11 @@ pub use zerg_proto::contract::is_object_id;
 
 pub mod cli;
 mod merge;
+mod read;
 mod worktree;
 
 pub use merge::{LevelMerge, Merged};
+pub use read::TreeBlob;
 pub use worktree::{Committed, Identity};
 
 /// A git operation that failed: what was tried, where, and what gix or git said.

@@ -353,6 +353,102 @@ fn a_spec_change_the_agent_committed_itself_is_undone() {
 }
 
 #[test]
+fn a_rename_changes_both_paths() {
+    // git's own diff would pair the two paths as a rename and name only the new one; the
+    // out-of-scope list must see the old path go.
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let wt = worktree(&r, &base);
+        std::fs::create_dir(wt.join("docs")).unwrap();
+        git(&wt, &["mv", "README.md", "docs/README.md"]);
+        git(&wt, &["commit", "-qm", "the agent's own rename"]);
+        let repo = Repo::open(&wt).unwrap();
+        let done = repo
+            .commit_worktree(&base, ".gsd/specs/f", &[], "m", &who())
+            .unwrap()
+            .unwrap();
+        let mut changed = done.changed.clone();
+        changed.sort();
+        assert_eq!(changed, ["README.md", "docs/README.md"], "{format}");
+    }
+}
+
+#[test]
+fn a_commit_is_read_without_a_worktree() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        commit_on(&r, "next", &base, "src/lib.rs", "pub fn b() {}\n");
+        git(&r, &["checkout", "-q", "next"]);
+        std::fs::remove_file(r.join("README.md")).unwrap();
+        std::os::unix::fs::symlink("src/lib.rs", r.join("link")).unwrap();
+        git(&r, &["add", "-A"]);
+        git(&r, &["commit", "-qm", "more"]);
+        let last = git(&r, &["rev-parse", "HEAD"]);
+        let repo = Repo::open(&r).unwrap();
+        assert_eq!(repo.resolve_commit("next").unwrap(), last);
+        assert!(repo.resolve_commit("--all").is_err());
+        assert!(repo.resolve_commit("no-such").is_err());
+
+        let blobs = repo.list_blobs(&base).unwrap();
+        let mut paths: Vec<&str> = blobs.iter().map(|b| b.path.as_str()).collect();
+        paths.sort();
+        assert_eq!(
+            paths,
+            [
+                ".gitignore",
+                ".gsd/specs/f/requirements.md",
+                ".gsd/specs/f/task-graph.json",
+                "README.md",
+                "src/lib.rs"
+            ]
+        );
+        let lib = blobs.iter().find(|b| b.path == "src/lib.rs").unwrap();
+        assert_eq!(
+            lib.id,
+            git(&r, &["rev-parse", &format!("{base}:src/lib.rs")])
+        );
+        assert_eq!(lib.size, 14);
+        assert!(lib.regular);
+
+        let mut changes = repo.changed_blobs(&base, &last).unwrap();
+        changes.sort_by(|a, b| a.0.cmp(&b.0));
+        let summary: Vec<(&str, Option<bool>)> = changes
+            .iter()
+            .map(|(p, b)| (p.as_str(), b.as_ref().map(|b| b.regular)))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("README.md", None),
+                ("link", Some(false)),
+                ("src/lib.rs", Some(true))
+            ]
+        );
+        let ids: Vec<String> = changes
+            .iter()
+            .filter_map(|(_, b)| b.clone())
+            .map(|b| b.id)
+            .collect();
+        let mut read = Vec::new();
+        repo.read_blobs(&ids, 12, |i, bytes| {
+            read.push((i, bytes));
+            true
+        })
+        .unwrap();
+        // The symlink's target (10 bytes) is read; the 14-byte file is over the cap.
+        assert_eq!(
+            read,
+            [(0, Some(b"src/lib.rs".to_vec())), (1, None)],
+            "{format}"
+        );
+        assert!(
+            repo.read_blobs(std::slice::from_ref(&base), 1 << 20, |_, _| true)
+                .is_err()
+        );
+    }
+}
+
+#[test]
 fn skip_worktree_entries_keep_their_flag() {
     let (_d, r, base) = fixture("sha256");
     let wt = worktree(&r, &base);

@@ -404,25 +404,28 @@ impl Repo {
             .map_err(|e| self.err("write the index", e))
     }
 
-    /// Paths that differ between `base`'s tree and `tree`.
+    /// Paths that differ between `base`'s tree and `tree`: both paths of a rename.
     fn changed_paths(&self, base: &str, tree: gix::ObjectId) -> Result<Vec<String>, Error> {
-        let base_tree = self
-            .repo
-            .find_commit(self.oid(base)?)
-            .and_then(|c| c.tree())
-            .map_err(|e| self.err(format!("read the tree of {base}"), e))?;
+        use gix::diff::tree::recorder::Change;
+        let base_tree = self.tree_of(base)?;
         let new_tree = self
             .repo
             .find_tree(tree)
             .map_err(|e| self.err("read the new tree", e))?;
-        let changes = self
-            .repo
-            .diff_tree_to_tree(Some(&base_tree), Some(&new_tree), None)
-            .map_err(|e| self.err(format!("compare with {base}"), e))?;
+        let changes = self.tree_changes(&base_tree, &new_tree, &format!("compare with {base}"))?;
         Ok(changes
-            .iter()
-            .filter(|c| !c.entry_mode().is_tree())
-            .map(|c| c.location().to_str_lossy().into_owned())
+            .into_iter()
+            .filter_map(|c| match c {
+                Change::Addition {
+                    entry_mode, path, ..
+                }
+                | Change::Deletion {
+                    entry_mode, path, ..
+                }
+                | Change::Modification {
+                    entry_mode, path, ..
+                } => (!entry_mode.is_tree()).then(|| path.to_str_lossy().into_owned()),
+            })
             .collect())
     }
 
