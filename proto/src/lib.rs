@@ -11,16 +11,11 @@
 //! - [`transport`] connects a client to a socket path and finds the default socket.
 //! - [`contract`] is what zergd, its workers and the worker image agree on: the worker
 //!   environment, exit codes, the worker token and lease revocations, the image layout.
-//! - `symbols` (cargo feature `symbols`, which zergd and zergctl enable and the worker agent
-//!   does not) is the repository symbol map: a tree-sitter index of a commit and the
-//!   `## Relevant Symbols` section of each task's prompt.
 //! - `testkit` (cargo feature `testkit`, for the tests of every crate) is what their tests
 //!   share: git with an explicit identity, waiting for a condition, skipping with a reason.
 
 pub mod contract;
 pub mod graph;
-#[cfg(feature = "symbols")]
-pub mod symbols;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod transport;

@@ -2,12 +2,12 @@
 //! (nothing cached), a warm one (everything in the blob cache), and the update after a level
 //! that changed 20 files.
 //!
-//! Run with `cargo bench -p zerg-proto --features symbols --bench symbols`.
+//! Run with `cargo bench -p zerg-symbols --bench symbols`.
 
 use std::time::Instant;
 
-use zerg_proto::symbols::{self, Cache, Settings};
 use zerg_proto::testkit::git;
+use zerg_symbols::{self as symbols, Cache, Settings};
 
 const FILES_PER_LANGUAGE: usize = 100;
 const UNITS_PER_FILE: usize = 20;
@@ -65,14 +65,15 @@ fn main() {
     git(&repo, &["commit", "-q", "-m", "base"]);
     let settings = Settings::default();
     let cache = Cache::at(dir.path().join("cache"));
+    let open = zerg_git::Repo::open(&repo).unwrap();
 
     let t = Instant::now();
-    let (cold, stats) = symbols::build(&repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (cold, stats) = symbols::build(&open, "HEAD", &settings, Some(&cache)).unwrap();
     let cold_ms = t.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(stats.parsed, 5 * FILES_PER_LANGUAGE);
 
     let t = Instant::now();
-    let (_, stats) = symbols::build(&repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (_, stats) = symbols::build(&open, "HEAD", &settings, Some(&cache)).unwrap();
     let warm_ms = t.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(stats.parsed, 0);
 
@@ -89,7 +90,7 @@ fn main() {
     }
     git(&repo, &["commit", "-q", "-am", "level 1"]);
     let t = Instant::now();
-    let (_, stats) = symbols::update(&cold, &repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (_, stats) = symbols::update(&cold, &open, "HEAD", &settings, Some(&cache)).unwrap();
     let update_ms = t.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(stats.parsed, 20);
 

@@ -25,7 +25,6 @@ mod resolve;
 mod source;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -367,10 +366,10 @@ impl SymbolIndex {
     }
 }
 
-/// Builds the index of `commit` in the repository at `repo` (any worktree of it), taking what
+/// Builds the index of `commit` in `repo` (opened at any worktree of it), taking what
 /// it can from `cache` and adding what it parses.
 pub fn build(
-    repo: &Path,
+    repo: &zerg_git::Repo,
     commit: &str,
     settings: &Settings,
     cache: Option<&Cache>,
@@ -395,7 +394,7 @@ pub fn build(
 /// from git or with other settings.
 pub fn update(
     previous: &SymbolIndex,
-    repo: &Path,
+    repo: &zerg_git::Repo,
     commit: &str,
     settings: &Settings,
     cache: Option<&Cache>,
@@ -429,33 +428,33 @@ pub fn update(
 
 /// Classifies tree entries, then fills the index from the cache and the parser.
 fn fill(
-    repo: &Path,
+    repo: &zerg_git::Repo,
     index: &mut SymbolIndex,
-    entries: Vec<source::TreeEntry>,
+    entries: Vec<zerg_git::TreeBlob>,
     settings: &Settings,
     cache: Option<&Cache>,
     stats: &mut BuildStats,
 ) -> Result<(), SymbolError> {
-    let mut wanted: Vec<(source::TreeEntry, Grammar)> = Vec::new();
+    let mut wanted: Vec<(zerg_git::TreeBlob, Grammar)> = Vec::new();
     for e in entries {
         let grammar = Grammar::of_path(&e.path)
             .filter(|g| e.regular && settings.languages.contains(&g.language()));
         let Some(grammar) = grammar else {
             index
                 .skipped
-                .insert(e.path, (e.blob, SkipReason::OtherLanguage));
+                .insert(e.path, (e.id, SkipReason::OtherLanguage));
             continue;
         };
         if e.size > settings.max_file_bytes {
-            index.skipped.insert(e.path, (e.blob, SkipReason::TooLarge));
+            index.skipped.insert(e.path, (e.id, SkipReason::TooLarge));
             continue;
         }
-        if let Some(symbols) = cache.and_then(|c| c.get(&e.blob, grammar)) {
+        if let Some(symbols) = cache.and_then(|c| c.get(&e.id, grammar)) {
             stats.cached += 1;
             index.files.insert(
                 e.path,
                 Entry {
-                    blob: e.blob,
+                    blob: e.id,
                     symbols: Arc::new(symbols),
                 },
             );
@@ -463,7 +462,7 @@ fn fill(
         }
         wanted.push((e, grammar));
     }
-    let blobs: Vec<String> = wanted.iter().map(|(e, _)| e.blob.clone()).collect();
+    let blobs: Vec<String> = wanted.iter().map(|(e, _)| e.id.clone()).collect();
     let parsed = source::parse_blobs(repo, &blobs, wanted.iter().map(|(_, g)| *g).collect())?;
     for ((e, grammar), outcome) in wanted.into_iter().zip(parsed) {
         match outcome {
@@ -471,18 +470,18 @@ fn fill(
                 stats.parsed += 1;
                 if let Some(c) = cache {
                     // A cache that cannot be written only costs a parse next time.
-                    let _ = c.put(&e.blob, grammar, &symbols);
+                    let _ = c.put(&e.id, grammar, &symbols);
                 }
                 index.files.insert(
                     e.path,
                     Entry {
-                        blob: e.blob,
+                        blob: e.id,
                         symbols: Arc::new(symbols),
                     },
                 );
             }
             Err(reason) => {
-                index.skipped.insert(e.path, (e.blob, reason));
+                index.skipped.insert(e.path, (e.id, reason));
             }
         }
     }

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 
 use super::resolve::{dir_of, imported_files};
 use super::{Language, SymbolIndex, clip};
-use crate::graph::Files;
+use zerg_proto::graph::Files;
 
 /// The heading the section starts with.
 pub const SECTION_HEADING: &str = "## Relevant Symbols";

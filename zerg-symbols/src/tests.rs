@@ -1,22 +1,22 @@
 //! Tests of the symbol map: extraction per language on fixture files written like real code
-//! (`proto/tests/fixtures/symbols/`), hostile input, import resolution, the index built from
+//! (`zerg-symbols/tests/fixtures/symbols/`), hostile input, import resolution, the index built from
 //! git with its cache and updates, and the per-task section.
 
 use std::path::Path;
 use std::process::Command;
 
 use super::*;
-use crate::graph::Files;
-use crate::testkit::git;
+use zerg_proto::graph::Files;
+use zerg_proto::testkit::git;
 
 fn fixture(name: &str) -> &'static str {
     match name {
-        "inventory_service.py" => include_str!("../../tests/fixtures/symbols/inventory_service.py"),
-        "cart.js" => include_str!("../../tests/fixtures/symbols/cart.js"),
-        "api.ts" => include_str!("../../tests/fixtures/symbols/api.ts"),
-        "ItemList.tsx" => include_str!("../../tests/fixtures/symbols/ItemList.tsx"),
-        "ledger.rs" => include_str!("../../tests/fixtures/symbols/ledger.rs"),
-        "report.go" => include_str!("../../tests/fixtures/symbols/report.go"),
+        "inventory_service.py" => include_str!("../tests/fixtures/symbols/inventory_service.py"),
+        "cart.js" => include_str!("../tests/fixtures/symbols/cart.js"),
+        "api.ts" => include_str!("../tests/fixtures/symbols/api.ts"),
+        "ItemList.tsx" => include_str!("../tests/fixtures/symbols/ItemList.tsx"),
+        "ledger.rs" => include_str!("../tests/fixtures/symbols/ledger.rs"),
+        "report.go" => include_str!("../tests/fixtures/symbols/report.go"),
         _ => panic!("no fixture {name}"),
     }
 }
@@ -502,6 +502,10 @@ fn write(repo: &Path, path: &str, content: &[u8]) {
     std::fs::write(p, content).unwrap();
 }
 
+fn open(repo: &Path) -> zerg_git::Repo {
+    zerg_git::Repo::open(repo).unwrap()
+}
+
 fn commit(repo: &Path, msg: &str) -> String {
     git(repo, &["add", "-A"]);
     git(repo, &["commit", "-q", "-m", msg]);
@@ -579,7 +583,7 @@ fn an_index_is_built_from_a_commit_and_counts_what_it_skipped() {
     let (_d, repo) = shop();
     // A file changed in the working tree but not committed is not what the index sees.
     write(&repo, "inventory/pricing.py", b"def uncommitted(): pass\n");
-    let (ix, stats) = build(&repo, "HEAD", &small_files(), None).unwrap();
+    let (ix, stats) = build(&open(&repo), "HEAD", &small_files(), None).unwrap();
     assert_eq!(ix.commit(), git(&repo, &["rev-parse", "HEAD"]));
     let c = ix.counts();
     assert_eq!(
@@ -600,12 +604,12 @@ fn an_index_is_built_from_a_commit_and_counts_what_it_skipped() {
         languages: vec![Language::Python],
         ..small_files()
     };
-    let (ix, _) = build(&repo, "HEAD", &py_only, None).unwrap();
+    let (ix, _) = build(&open(&repo), "HEAD", &py_only, None).unwrap();
     assert!(ix.files().all(|(_, s)| s.language == Language::Python));
     assert_eq!(ix.counts().indexed, 5);
     // A revision that is not a commit, or looks like an option, is refused.
-    assert!(build(&repo, "--all", &py_only, None).is_err());
-    assert!(build(&repo, "no-such-branch", &py_only, None).is_err());
+    assert!(build(&open(&repo), "--all", &py_only, None).is_err());
+    assert!(build(&open(&repo), "no-such-branch", &py_only, None).is_err());
 }
 
 #[test]
@@ -613,14 +617,14 @@ fn the_cache_makes_a_second_index_parse_nothing_and_updates_parse_only_changes()
     let (_d, repo) = shop();
     let cache = Cache::in_repo(&repo);
     let settings = small_files();
-    let (first, s1) = build(&repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (first, s1) = build(&open(&repo), "HEAD", &settings, Some(&cache)).unwrap();
     assert_eq!((s1.parsed, s1.cached), (14, 0));
     // The cache hides itself from git.
     assert_eq!(
         git(&repo, &["status", "--porcelain", "--untracked-files=all"]),
         ""
     );
-    let (second, s2) = build(&repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (second, s2) = build(&open(&repo), "HEAD", &settings, Some(&cache)).unwrap();
     assert_eq!((s2.parsed, s2.cached), (0, 14));
     assert_eq!(first, second);
     // A broken cache entry is parsed again, not trusted.
@@ -631,7 +635,7 @@ fn the_cache_makes_a_second_index_parse_nothing_and_updates_parse_only_changes()
         .join(&blob[..2])
         .join(format!("{}.python.json", &blob[2..]));
     std::fs::write(&entry, b"{\"language\": \"rust\", \"definitions\": 7").unwrap();
-    let (third, s3) = build(&repo, "HEAD", &settings, Some(&cache)).unwrap();
+    let (third, s3) = build(&open(&repo), "HEAD", &settings, Some(&cache)).unwrap();
     assert_eq!((s3.parsed, s3.cached), (1, 13));
     assert_eq!(third, first);
 
@@ -640,16 +644,23 @@ fn the_cache_makes_a_second_index_parse_nothing_and_updates_parse_only_changes()
     write(&repo, "web/src/cart.js", fixture("cart.js").as_bytes());
     std::fs::remove_file(repo.join("internal/inventory/item.go")).unwrap();
     let head = commit(&repo, "level 1");
-    let (moved, s4) = update(&first, &repo, &head, &settings, Some(&cache)).unwrap();
+    let (moved, s4) = update(&first, &open(&repo), &head, &settings, Some(&cache)).unwrap();
     assert_eq!((s4.parsed, s4.cached, s4.changed), (2, 0, 2));
     assert_eq!(s4.reused, 12);
     assert!(moved.get("internal/inventory/item.go").is_none());
     assert!(names(moved.get("inventory/pricing.py").unwrap()).contains(&"round_cents"));
     // An update gives exactly what a fresh build of the same commit gives.
-    let (fresh, _) = build(&repo, &head, &settings, None).unwrap();
+    let (fresh, _) = build(&open(&repo), &head, &settings, None).unwrap();
     assert_eq!(moved, fresh);
     // Other settings mean a rebuild, never a mix.
-    let (rebuilt, _) = update(&first, &repo, &head, &Settings::default(), Some(&cache)).unwrap();
+    let (rebuilt, _) = update(
+        &first,
+        &open(&repo),
+        &head,
+        &Settings::default(),
+        Some(&cache),
+    )
+    .unwrap();
     assert_eq!(rebuilt.skipped("generated/big.py"), None);
     assert!(rebuilt.get("generated/big.py").is_some());
 }
@@ -663,7 +674,7 @@ fn a_hostile_environment_does_not_redirect_the_index() {
     // The variable is set in a child process (this test binary, running `index_child`) only.
     let out = Command::new(std::env::current_exe().unwrap())
         .arg("--exact")
-        .arg("symbols::tests::index_child")
+        .arg("tests::index_child")
         .arg("--nocapture")
         .env("ZERG_SYMBOLS_TEST_REPO", &repo)
         .env("GIT_DIR", other.join(".git"))
@@ -671,7 +682,7 @@ fn a_hostile_environment_does_not_redirect_the_index() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    let (ix, _) = build(&repo, "HEAD", &settings, None).unwrap();
+    let (ix, _) = build(&open(&repo), "HEAD", &settings, None).unwrap();
     assert!(text.contains(&format!("commit {}", ix.commit())), "{text}");
 }
 
@@ -681,7 +692,7 @@ fn index_child() {
     let Some(repo) = std::env::var_os("ZERG_SYMBOLS_TEST_REPO") else {
         return;
     };
-    let (ix, _) = build(Path::new(&repo), "HEAD", &small_files(), None).unwrap();
+    let (ix, _) = build(&open(Path::new(&repo)), "HEAD", &small_files(), None).unwrap();
     println!("commit {}", ix.commit());
 }
 
@@ -808,7 +819,7 @@ fn headings(section: &str) -> Vec<&str> {
 #[test]
 fn a_section_has_the_task_files_then_what_they_import() {
     let (_d, repo) = shop();
-    let (ix, _) = build(&repo, "HEAD", &small_files(), None).unwrap();
+    let (ix, _) = build(&open(&repo), "HEAD", &small_files(), None).unwrap();
     let s = task_section(
         &ix,
         &files(&[], &["inventory/store.py"], &["inventory/pricing.py"]),
@@ -892,7 +903,7 @@ fn a_section_has_the_task_files_then_what_they_import() {
 #[test]
 fn a_section_keeps_to_its_budget_and_ranks_what_it_keeps() {
     let (_d, repo) = shop();
-    let (ix, _) = build(&repo, "HEAD", &small_files(), None).unwrap();
+    let (ix, _) = build(&open(&repo), "HEAD", &small_files(), None).unwrap();
     let task = files(
         &[],
         &["inventory/service.py"],

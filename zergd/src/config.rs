@@ -43,7 +43,7 @@ pub struct Config {
     /// Resource limits for container workers.
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
-    pub symbols: zerg_proto::symbols::Settings,
+    pub symbols: zerg_symbols::Settings,
     /// zergd's own commits (the staging merges).
     pub git: GitConfig,
     /// What the agent may spend.

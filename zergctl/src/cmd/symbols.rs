@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use zerg_proto::symbols::{self, Cache, Settings, SymbolIndex};
+use zerg_symbols::{self as symbols, Cache, Settings, SymbolIndex};
 
 use crate::{CliError, code, git};
 
@@ -77,7 +77,9 @@ fn settings(path: &Path) -> Result<Settings, CliError> {
 
 fn index(root: &Path, rev: &str, settings: &Settings) -> Result<SymbolIndex, CliError> {
     let cache = Cache::in_repo(root);
-    symbols::build(root, rev, settings, Some(&cache))
+    let git = zerg_git::Repo::open(root)
+        .map_err(|e| CliError::new(code::FAILED, format!("cannot index {rev}: {e}")))?;
+    symbols::build(&git, rev, settings, Some(&cache))
         .map(|(ix, _)| ix)
         .map_err(|e| CliError::new(code::FAILED, format!("cannot index {rev}: {e}")))
 }

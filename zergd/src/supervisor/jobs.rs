@@ -565,24 +565,26 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
 /// Builds a rush's symbol map of `job.commit`, from the repository's cache
 /// (`.zerg/cache/symbols`) where it can. A panic in the indexer is an error, not a lost event.
 pub fn build_symbols(job: &IndexJob) -> Indexed {
-    let cache = zerg_proto::symbols::Cache::in_repo(&job.repo);
+    let cache = zerg_symbols::Cache::in_repo(&job.repo);
     guarded(|| {
-        zerg_proto::symbols::build(&job.repo, &job.commit, &job.settings, Some(&cache))
+        let git = zerg_git::Repo::open(&job.repo).map_err(|e| e.to_string())?;
+        zerg_symbols::build(&git, &job.commit, &job.settings, Some(&cache))
             .map_err(|e| e.to_string())
     })
 }
 
 /// Moves a symbol map onto a merged staging head, parsing only the files whose blob changed
-/// (see [`zerg_proto::symbols::update`]).
+/// (see [`zerg_symbols::update`]).
 pub fn update_symbols(
     repo: &Path,
-    previous: &zerg_proto::symbols::SymbolIndex,
+    previous: &zerg_symbols::SymbolIndex,
     head: &str,
-    settings: &zerg_proto::symbols::Settings,
+    settings: &zerg_symbols::Settings,
 ) -> Indexed {
-    let cache = zerg_proto::symbols::Cache::in_repo(repo);
+    let cache = zerg_symbols::Cache::in_repo(repo);
     guarded(|| {
-        zerg_proto::symbols::update(previous, repo, head, settings, Some(&cache))
+        let git = zerg_git::Repo::open(repo).map_err(|e| e.to_string())?;
+        zerg_symbols::update(previous, &git, head, settings, Some(&cache))
             .map_err(|e| e.to_string())
     })
 }

@@ -16,9 +16,9 @@ use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
 use tonic::Code;
 use zerg_proto::graph::TaskGraph;
-use zerg_proto::symbols::{BuildStats, Grammar, SymbolIndex};
 use zerg_proto::v1;
 use zerg_proto::v1::lease_reply::Outcome;
+use zerg_symbols::{BuildStats, Grammar, SymbolIndex};
 
 use crate::calls::{Beat, Caller, Completion, Failure, LeaseOutcome, LeaseRef, Register};
 
@@ -2198,14 +2198,14 @@ fn ledger_map(commit: &str, with_entry: bool) -> SymbolIndex {
     ix.insert(
         "src/ledger.rs",
         blob,
-        zerg_proto::symbols::extract(Grammar::Rust, ledger.as_bytes()).unwrap(),
+        zerg_symbols::extract(Grammar::Rust, ledger.as_bytes()).unwrap(),
     );
     if with_entry {
         let entry = "pub struct Entry {\n    pub cents: i64,\n}\n\npub fn reverse(e: &Entry) -> Entry {\n    Entry { cents: -e.cents }\n}\n";
         ix.insert(
             "src/entry.rs",
             blob,
-            zerg_proto::symbols::extract(Grammar::Rust, entry.as_bytes()).unwrap(),
+            zerg_symbols::extract(Grammar::Rust, entry.as_bytes()).unwrap(),
         );
     }
     ix

@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zerg_proto::graph::TaskGraph;
-use zerg_proto::symbols::{BuildStats, Settings as SymbolSettings, SymbolIndex};
+use zerg_symbols::{BuildStats, Settings as SymbolSettings, SymbolIndex};
 
 use crate::backoff::Backoff;
 use crate::calls::{

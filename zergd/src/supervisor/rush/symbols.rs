@@ -128,11 +128,9 @@ impl Rush {
     /// is off or the map has nothing for it.
     pub(super) fn relevant_symbols(&self, files: &Files) -> String {
         match &self.symbols {
-            Some(index) if self.config.symbols.enabled => zerg_proto::symbols::task_section(
-                index,
-                files,
-                self.config.symbols.max_bytes_per_task,
-            ),
+            Some(index) if self.config.symbols.enabled => {
+                zerg_symbols::task_section(index, files, self.config.symbols.max_bytes_per_task)
+            }
             _ => String::new(),
         }
     }
