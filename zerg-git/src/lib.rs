@@ -1,9 +1,12 @@
-//! The one place zerg does git. zergd's commit checks and ref moves, the level merges and the
-//! worker's prepare and commit run in process on [gix] (SHA-1 and SHA-256 repositories alike),
-//! so a task costs a few object reads and writes instead of a dozen git processes. What gix
-//! cannot do safely here (unmerged index entries, submodules, split or sparse indexes, filter
-//! and merge drivers, checking out a tree into a worktree) goes to the `git` program through
-//! [`cli`], and every such fallback is counted ([`fallbacks`]).
+//! The one place zerg does git. zergd's commit checks and ref moves, the level merges, the
+//! symbol map's reads and the worker's prepare and commit run in process on [gix] (SHA-1 and
+//! SHA-256 repositories alike), so a task costs a few object reads and writes instead of a dozen
+//! git processes. What gix cannot do safely here (unmerged index entries, submodules, split or
+//! sparse indexes, filter and merge drivers, checking out a tree into a worktree) goes to the
+//! `git` program through [`cli`], and every such fallback is counted ([`fallbacks`]). The import
+//! of what a container worker wrote into its private object dir ([`objects`]) checks every
+//! object against its name and walks the dir by descriptor ([`fsat`]), never following what the
+//! container left there.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +16,9 @@ use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 pub use zerg_proto::contract::is_object_id;
 
 pub mod cli;
+pub mod fsat;
 mod merge;
+pub mod objects;
 mod read;
 mod worktree;
 

@@ -16,7 +16,7 @@ pub mod config;
 pub mod disk;
 pub mod domain;
 pub mod error;
-pub mod fsat;
+pub use zerg_git::fsat;
 pub mod git;
 pub mod incoming;
 pub mod launcher;

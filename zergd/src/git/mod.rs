@@ -1,7 +1,6 @@
 //! Git for zergd: everything goes through `zerg-git` (in process on gix, or the `git` program
-//! for worktrees, checkouts and the fallbacks). What is zergd's own is the import of a
-//! container worker's objects ([`objects`]).
+//! for worktrees, checkouts and the fallbacks), including the import of a container worker's
+//! objects ([`objects`]).
 
 pub use zerg_git::cli::*;
-
-pub mod objects;
+pub use zerg_git::objects;

@@ -60,13 +60,13 @@ pub fn import_worker_objects(
 }
 
 /// The repository's common git dir (absolute).
-pub(crate) fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
-    let git = zerg_git::Repo::open(repo).map_err(|e| io::Error::other(e.to_string()))?;
+pub fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
+    let git = crate::Repo::open(repo).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(common_dir_in(&git))
 }
 
 /// The common git dir of an open repository (absolute).
-pub(crate) fn common_dir_in(git: &zerg_git::Repo) -> PathBuf {
+pub fn common_dir_in(git: &crate::Repo) -> PathBuf {
     let dir = git.common_dir();
     if dir.is_absolute() {
         normalize(dir)
@@ -77,7 +77,7 @@ pub(crate) fn common_dir_in(git: &zerg_git::Repo) -> PathBuf {
 
 /// Per-worker git areas (`<common>/zerg/<feature>/worker-<N>`) live here, inside the common git
 /// dir.
-pub(crate) const WORKER_GIT_SUBDIR: &str = "zerg";
+pub const WORKER_GIT_SUBDIR: &str = "zerg";
 
 /// Resolves `.` and `..` without touching the filesystem.
 pub fn normalize(p: &Path) -> PathBuf {
@@ -143,7 +143,8 @@ impl Drop for ImportSlot {
     }
 }
 
-pub(crate) fn import_objects(
+/// [`import_worker_objects`] for a repository whose common git dir is `common` (absolute).
+pub fn import_objects(
     common: &Path,
     feature: &str,
     worker: u32,
@@ -281,7 +282,7 @@ fn import_pack(dir: &Dir, file: &OsStr, common: &Path, limits: ImportLimits) -> 
         .map_err(|e| format!("cannot make a quarantine dir: {e}"))?;
     fs::create_dir(quarantine.path().join("pack")).map_err(|e| e.to_string())?;
     let in_quarantine = |args: &[&str]| {
-        let mut c = crate::git::scrubbed("git");
+        let mut c = crate::cli::scrubbed("git");
         c.arg("--git-dir")
             .arg(common)
             .args(args)
@@ -300,7 +301,7 @@ fn import_pack(dir: &Dir, file: &OsStr, common: &Path, limits: ImportLimits) -> 
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
     // Only the quarantine's own objects: no alternates for this look.
-    let out = crate::git::scrubbed("git")
+    let out = crate::cli::scrubbed("git")
         .arg("--git-dir")
         .arg(common)
         .args([
@@ -347,12 +348,7 @@ const MAX_LOOSE_FILE: u64 = 1 << 30;
 /// size, no larger than `max_object`, whose SHA-1 (40-digit names) or SHA-256 (64-digit names)
 /// is the name. The content is hashed as it inflates, never held: memory stays at the file's
 /// own size whatever it inflates to. Returns the file's bytes.
-pub(crate) fn verify_loose(
-    dir: &Dir,
-    name: &OsStr,
-    id: &str,
-    max_object: u64,
-) -> Result<Vec<u8>, String> {
+fn verify_loose(dir: &Dir, name: &OsStr, id: &str, max_object: u64) -> Result<Vec<u8>, String> {
     let (mut f, st) = dir.open_file(name).map_err(|e| e.to_string())?;
     let len = st.st_size as u64;
     if len > MAX_LOOSE_FILE.min(max_object.saturating_add(1 << 20)) {
@@ -436,7 +432,7 @@ pub(crate) fn verify_loose(
 /// Writes one verified object unless the destination has it; returns whether it wrote. The
 /// file is written under a temporary name and renamed, so readers never see half an object.
 /// The destination is the repository's own store, which no container can write.
-pub(crate) fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<bool> {
+fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<bool> {
     use std::os::unix::fs::PermissionsExt;
     let dest = dir.join(name);
     if dest.exists() {
@@ -662,7 +658,7 @@ mod tests {
             ..ImportLimits::default()
         };
         assert_eq!(fx.import(small), 0);
-        assert!(super::super::git(&fx.repo, &["cat-file", "-e", &big_id]).is_err());
+        assert!(crate::cli::git(&fx.repo, &["cat-file", "-e", &big_id]).is_err());
         assert!(
             !fx.from.join("pack/pack-big.pack").exists(),
             "a refused pack is removed"
