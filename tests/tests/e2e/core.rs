@@ -1026,3 +1026,35 @@ fn a_verification_that_prints_10_mb_passes_and_a_failing_one_shows_its_tail_in_s
     let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     assert!(size > 10_000_000, "{} has {size} bytes", log.display());
 }
+
+#[test]
+fn a_graph_with_thousands_of_warnings_keeps_fifty_and_counts_the_rest() {
+    // 3 levels of 40 independent tasks: the 80 tasks above level 1 are unreachable, and the 40
+    // of level 2 are orphans too: 120 warnings.
+    let repo = TestRepo::new();
+    repo.write_graph("gw", &graph_wide("gw", 3, 40));
+    repo.configure(&Config::fake_agent().fast_workers());
+    repo.write_script("gw", &json!({"default": [{"op": "write_owned"}]}));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "gw", "--workers", "2", "--detach"]);
+    assert!(out.status.success(), "{out:?}");
+    let st = d.status(&repo.path, "gw").unwrap();
+    let graph: Vec<&str> = st["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.starts_with("task graph: "))
+        .collect();
+    assert_eq!(graph.len(), 51, "{graph:#?}");
+    assert_eq!(
+        graph[50],
+        "task graph: 70 more warnings; `zergctl validate gw` lists them all"
+    );
+    let validate = d.ctl_in(&repo.path, &["validate", "gw"]);
+    assert!(
+        String::from_utf8_lossy(&validate.stdout).contains("120 warnings")
+            || String::from_utf8_lossy(&validate.stderr).contains("120 warnings"),
+        "{validate:?}"
+    );
+}

@@ -278,6 +278,33 @@ impl Head {
         }
     }
 
+    /// Whether these are `doc`'s head fields, compared in place: a record copies the head only
+    /// when it changed (a level start, a pause, a counter), not at every save.
+    fn is_of(&self, doc: &mut StateDoc) -> bool {
+        let Head {
+            format_version,
+            feature,
+            started_at,
+            current_level,
+            metrics,
+            paused,
+            error,
+            rush,
+        } = self;
+        // The journal position is not part of the head (see `of`).
+        let seq = std::mem::replace(&mut doc.rush.journal_seq, 0);
+        let same = *format_version == doc.format_version
+            && *feature == doc.feature
+            && *started_at == doc.started_at
+            && *current_level == doc.current_level
+            && *metrics == doc.metrics
+            && *paused == doc.paused
+            && *error == doc.error
+            && *rush == doc.rush;
+        doc.rush.journal_seq = seq;
+        same
+    }
+
     fn apply(self, doc: &mut StateDoc) {
         doc.format_version = self.format_version;
         doc.feature = self.feature;
@@ -427,7 +454,10 @@ impl Journal {
 
     fn append(&mut self, doc: &mut StateDoc) -> Result<u64, StoreError> {
         let path = self.store.journal_path();
-        let head = Head::of(doc);
+        let head = match &self.head {
+            Some(h) if h.is_of(doc) => None,
+            _ => Some(Head::of(doc)),
+        };
         let seq = self.seq + 1;
         let mut json = Vec::with_capacity(1024);
         let ser = |e: serde_json::Error| StoreError::Io {
@@ -438,9 +468,9 @@ impl Journal {
         json.extend_from_slice(b"{\"rush\":");
         serde_json::to_writer(&mut json, &doc.rush.rush_id).map_err(ser)?;
         write!(json, ",\"seq\":{seq}").map_err(io("write", &path))?;
-        if self.head.as_ref() != Some(&head) {
+        if let Some(head) = &head {
             json.extend_from_slice(b",\"head\":");
-            serde_json::to_writer(&mut json, &head).map_err(ser)?;
+            serde_json::to_writer(&mut json, head).map_err(ser)?;
         }
         section(&mut json, "tasks", &doc.tasks).map_err(ser)?;
         section(&mut json, "workers", &doc.workers).map_err(ser)?;
@@ -468,7 +498,9 @@ impl Journal {
         self.seq = seq;
         doc.rush.journal_seq = seq;
         self.bytes += line.len() as u64;
-        self.head = Some(head);
+        if head.is_some() {
+            self.head = head;
+        }
         settle(doc);
         Ok(line.len() as u64)
     }

@@ -69,6 +69,12 @@ fn internal(ctx: &str) -> impl FnOnce(git::GitError) -> SupervisorError + '_ {
     move |e| SupervisorError::internal(format!("{ctx}: {e}"))
 }
 
+/// How many of the task graph's warnings a rush keeps in its state, its status and the reply to
+/// `rush`; the rest are counted in one line. A generated graph can have tens of thousands (every
+/// task of a level above 1 with no dependency is "unreachable"), and each copy of the rush's
+/// status carried them all. `zergctl validate` lists every one.
+pub const GRAPH_WARNINGS_KEPT: usize = 50;
+
 /// Prepares a fresh rush: validates the graph and config, snapshots the spec directory and
 /// config, resets zerg's branches for the feature and creates the worktrees.
 pub fn prepare_fresh(
@@ -110,12 +116,20 @@ pub fn prepare_fresh(
             who.name, who.email
         ));
     }
+    let graph_warnings = validated.warnings.len();
     warnings.extend(
         validated
             .warnings
             .iter()
+            .take(GRAPH_WARNINGS_KEPT)
             .map(|w| format!("task graph: {w}")),
     );
+    if graph_warnings > GRAPH_WARNINGS_KEPT {
+        warnings.push(format!(
+            "task graph: {} more warnings; `zergctl validate {feature}` lists them all",
+            graph_warnings - GRAPH_WARNINGS_KEPT
+        ));
+    }
 
     let (base_branch, base_commit) = git::head(repo).map_err(|e| {
         SupervisorError::failed_precondition(format!(
