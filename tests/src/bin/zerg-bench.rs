@@ -27,8 +27,9 @@ const LIMIT: Duration = Duration::from_secs(900);
 /// Workers config for benchmarks: heartbeats every second, quick stops.
 const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_grace_seconds: 2\n";
 
-/// Scenario names for `--only`, in the order they run.
-const SCENARIOS: [&str; 15] = [
+/// Scenario names for `--only`, in the order they run. `vs_original` runs only when `--only`
+/// names it or with `--vs-original`.
+const SCENARIOS: [&str; 16] = [
     "git",
     "demo",
     "throughput",
@@ -44,6 +45,7 @@ const SCENARIOS: [&str; 15] = [
     "concurrent",
     "restart",
     "build",
+    "vs_original",
 ];
 
 struct Opts {
@@ -106,7 +108,10 @@ fn main() {
     let opts = Opts {
         quick,
         runs: if quick { 1 } else { 3 },
-        vs_original: args.iter().any(|a| a == "--vs-original"),
+        vs_original: args.iter().any(|a| a == "--vs-original")
+            || only
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|n| n == "vs_original")),
     };
     let started = Instant::now();
     let mut results = BTreeMap::<String, Value>::new();
@@ -241,7 +246,7 @@ fn main() {
         record(&mut results, "clean_release_build_s", v);
     }
     if opts.vs_original {
-        record(&mut results, "vs_original", vs_original());
+        record(&mut results, "vs_original", vs_original(&opts));
     }
     let machine = json!({
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -381,16 +386,25 @@ fn rush_to_end(
     Ok(wall)
 }
 
-/// The 12-task, 3-level graph on 3 workers, the agent sleeping 1 s per task: wall time over
-/// the ideal (levels of 5, 4 and 3 tasks on 3 workers take 2 + 2 + 1 rounds of 1 s).
-fn demo(_: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
+/// The scripted agent of the demo: it writes the task's files, then sleeps 1 s.
+fn demo_script() -> Value {
+    json!({"default": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 1000}]})
+}
+
+/// The demo's repository: the 12-task graph as feature `demo`, the bench's workers config and
+/// [`demo_script`].
+fn demo_repo() -> TestRepo {
     let repo = TestRepo::new();
     repo.write_graph("demo", &graph_12("demo"));
     repo.write_config(BENCH_WORKERS);
-    repo.write_script(
-        "demo",
-        &json!({"default": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 1000}]}),
-    );
+    repo.write_script("demo", &demo_script());
+    repo
+}
+
+/// The 12-task, 3-level graph on 3 workers, the agent sleeping 1 s per task: wall time over
+/// the ideal (levels of 5, 4 and 3 tasks on 3 workers take 2 + 2 + 1 rounds of 1 s).
+fn demo(_: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
+    let repo = demo_repo();
     let d = Daemon::start();
     let wall = rush_to_end(&d, &repo, "demo", 3)?;
     let peak = mem_kib(d.pid() as i32).map(|m| m.1).unwrap_or(0);
@@ -919,7 +933,6 @@ fn noisy_verify_overhead() -> Result<f64, String> {
     Ok(noisy - quiet - alone)
 }
 
-/// The original ZERG side by side: needs Python 3.12 or newer for `zerg-ai` 0.3.2.
 /// `cargo build --release --workspace --bins` of this workspace into an empty target
 /// directory (the crates themselves already downloaded): the seconds it takes, and the size of
 /// the binaries.
@@ -958,22 +971,592 @@ fn clean_release_build() -> Value {
     }
 }
 
-fn vs_original() -> Value {
-    for py in ["python3.14", "python3.13", "python3.12"] {
-        if Command::new(py)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return json!({"skipped": format!("{py} is here, but this version of zerg-bench does not drive the original yet")});
+/// The version of the original that `--vs-original` installs and drives.
+const ORIGINAL: &str = "zerg-ai==0.3.2";
+
+/// How long each run of the original may take: `zerg rush` as shipped never ends by itself.
+fn original_cap(opts: &Opts) -> Duration {
+    Duration::from_secs(if opts.quick { 120 } else { 300 })
+}
+
+/// How often the process trees' memory is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// The original ZERG (`zerg-ai` 0.3.2 from PyPI, in a venv of its own) and zerg on the demo's
+/// 12-task graph with 3 workers and the demo's scripted agent: the original as shipped, the
+/// original with each task's `level` written into its state file first, and zerg's demo, each
+/// with its wall time, the tasks it completed and the peak RSS of its orchestrator, of its
+/// largest worker and of all its processes together.
+fn vs_original(opts: &Opts) -> Value {
+    let original = match Original::install() {
+        Ok(o) => o,
+        Err(why) => return json!({"skipped": why}),
+    };
+    let cap = original_cap(opts);
+    let zerg = match zerg_demo_measured() {
+        Ok(z) => z,
+        Err(why) => return json!({"error": format!("zerg's demo: {why}")}),
+    };
+    let as_shipped = match original.rush(false, cap) {
+        Ok(v) => v,
+        Err(why) => return json!({"error": format!("the original as shipped: {why}")}),
+    };
+    let level_in_state = match original.rush(true, cap) {
+        Ok(v) => v,
+        Err(why) => {
+            return json!({"error": format!("the original with levels in its state file: {why}")});
+        }
+    };
+    let ratio = |k: &str| match (level_in_state[k].as_f64(), zerg[k].as_f64()) {
+        (Some(a), Some(b)) if b > 0.0 => json!(round(a / b, 2)),
+        _ => Value::Null,
+    };
+    let ratios = json!({
+        "wall_s": ratio("wall_s"),
+        "orchestrator_peak_rss_mb": ratio("orchestrator_peak_rss_mb"),
+        "worker_peak_rss_mb": ratio("worker_peak_rss_mb"),
+        "all_processes_peak_rss_mb": ratio("all_processes_peak_rss_mb"),
+    });
+    json!({
+        "original": ORIGINAL,
+        "python": original.python,
+        "pip_install_s": original.pip_install_s,
+        "graph": "the demo's 12 tasks in 3 levels (5, 4, 3) on 3 workers; the agent writes the task's files and sleeps 1 s",
+        "original_graph_change": "each task's verification is `test -f <its file>`: the original refuses a command with `&&` (and its later levels do not see other workers' files)",
+        "original_command": "zerg rush --mode subprocess --workers 3, answered y",
+        "rss": format!("VmHWM of each process and the sum of VmRSS of all, sampled every {} ms", SAMPLE_EVERY.as_millis()),
+        "runs": 1,
+        "original_as_shipped": as_shipped,
+        "original_level_in_state": level_in_state,
+        "zerg_demo": zerg,
+        "level_in_state_over_zerg": ratios,
+    })
+}
+
+/// Runs a program for its output, with a reason when it cannot run or fails.
+fn output_of(cmd: &mut Command) -> Result<String, String> {
+    let o = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        let err = String::from_utf8_lossy(&o.stderr);
+        Err(format!(
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            o.status,
+            err.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+        ))
+    }
+}
+
+/// Interpreters that may be Python 3.12 or newer, best first: `python3.14`, `python3.13` and
+/// `python3.12` on PATH as they are, then the same through pyenv's shims with each installed
+/// version (`PYENV_VERSION`), then `PYENV_VERSION=3.12.1 python3.12`.
+fn python_candidates() -> Vec<(String, Option<String>)> {
+    let mut c: Vec<(String, Option<String>)> = ["python3.14", "python3.13", "python3.12"]
+        .iter()
+        .map(|p| (p.to_string(), None))
+        .collect();
+    let versions =
+        output_of(Command::new("pyenv").args(["versions", "--bare"])).unwrap_or_default();
+    let mut found: Vec<(u32, u32, String)> = versions
+        .lines()
+        .filter_map(|v| {
+            let v = v.trim();
+            let mut n = v.split('.').map(|x| x.parse::<u32>().ok());
+            match (n.next()??, n.next()??, n.next()??, n.next()) {
+                (3, minor, patch, None) if minor >= 12 => Some((minor, patch, v.to_string())),
+                _ => None,
+            }
+        })
+        .collect();
+    found.sort_by_key(|v| std::cmp::Reverse((v.0, v.1)));
+    for (minor, _, v) in found {
+        c.push((format!("python3.{minor}"), Some(v)));
+    }
+    let fallback = ("python3.12".to_string(), Some("3.12.1".to_string()));
+    if !c.contains(&fallback) {
+        c.push(fallback);
+    }
+    c
+}
+
+/// The original installed in a scratch directory (removed when dropped), with a home and a
+/// stand-in `claude` of its own.
+struct Original {
+    scratch: tempfile::TempDir,
+    /// `<venv>/bin/zerg`.
+    zerg: std::path::PathBuf,
+    /// The interpreter the venv was made from: version and path.
+    python: String,
+    pip_install_s: f64,
+}
+
+impl Original {
+    /// Makes a venv from the first Python 3.12 or newer that can make one, and installs the
+    /// original into it from PyPI.
+    fn install() -> Result<Original, String> {
+        let scratch = tempfile::Builder::new()
+            .prefix("zerg-vs-original-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let home = scratch.path().join("home");
+        let bin_dir = scratch.path().join("bin");
+        for d in [&home, &bin_dir] {
+            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+        }
+        // The stand-in `claude`: the tests' fake agent CLI, which runs the demo's script
+        // (`fake-claude.json` in `$ZERG_SPEC_DIR`, which the original sets for its workers).
+        std::os::unix::fs::symlink(bin("fake-claude"), bin_dir.join("claude"))
+            .map_err(|e| e.to_string())?;
+        let venv = scratch.path().join("venv");
+        let mut tried = Vec::new();
+        let mut made = None;
+        for (cmd, pyenv) in python_candidates() {
+            let mut probe = Command::new(&cmd);
+            probe.args([
+                "-c",
+                "import sys; print(sys.version_info >= (3, 12)); print(sys.version.split()[0]); print(sys.executable)",
+            ]);
+            if let Some(v) = &pyenv {
+                probe.env("PYENV_VERSION", v);
+            }
+            let label = match &pyenv {
+                Some(v) => format!("PYENV_VERSION={v} {cmd}"),
+                None => cmd.clone(),
+            };
+            let out = match output_of(&mut probe) {
+                Ok(o) => o,
+                Err(_) => {
+                    tried.push(format!("{label}: not here"));
+                    continue;
+                }
+            };
+            let lines: Vec<&str> = out.lines().collect();
+            let [ok, version, exe] = lines[..] else {
+                tried.push(format!("{label}: unexpected answer"));
+                continue;
+            };
+            if ok != "True" {
+                tried.push(format!("{label}: Python {version}"));
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(&venv);
+            match output_of(Command::new(exe).arg("-m").arg("venv").arg(&venv)) {
+                Ok(_) => {
+                    made = Some(format!("{version} ({exe})"));
+                    break;
+                }
+                Err(why) => tried.push(format!("{label}: venv: {why}")),
+            }
+        }
+        let Some(python) = made else {
+            return Err(format!(
+                "{ORIGINAL} needs Python >= 3.12 and a venv made from it; none here ({})",
+                tried.join("; ")
+            ));
+        };
+        let t = Instant::now();
+        output_of(
+            Command::new(venv.join("bin/python"))
+                .args(["-m", "pip", "install", "--quiet", "--no-cache-dir"])
+                .args(["--disable-pip-version-check", ORIGINAL])
+                .env("HOME", &home),
+        )
+        .map_err(|why| format!("pip install {ORIGINAL} failed: {why}"))?;
+        let pip_install_s = round(t.elapsed().as_secs_f64(), 1);
+        let zerg = venv.join("bin/zerg");
+        let version = output_of(Command::new(&zerg).arg("--version").env("HOME", &home))
+            .map_err(|why| format!("the installed original does not run: {why}"))?;
+        let want = ORIGINAL.rsplit('=').next().unwrap_or_default();
+        if !version.contains(want) {
+            return Err(format!("pip installed {}, not {want}", version.trim()));
+        }
+        Ok(Original {
+            scratch,
+            zerg,
+            python,
+            pip_install_s,
+        })
+    }
+
+    /// The demo's repository as the original needs it: the graph and the agent script
+    /// committed under `.gsd/specs/demo/`, each verification reduced to its own file, and its
+    /// `.zerg/config.yaml` committed (its workers read it from their worktrees, which it
+    /// branches from `main`). With `level_in_state`, `.zerg/state/demo.json` starts with each
+    /// task's `level`, which nothing in the original writes.
+    fn repo(level_in_state: bool) -> Result<TestRepo, String> {
+        let mut graph: Value =
+            serde_json::from_str(&graph_12("demo")).map_err(|e| e.to_string())?;
+        let tasks = graph["tasks"]
+            .as_array_mut()
+            .ok_or("graph_12 has no tasks")?;
+        for t in tasks.iter_mut() {
+            let file = t["files"]["create"][0]
+                .as_str()
+                .ok_or("a task of graph_12 creates no file")?
+                .to_string();
+            t["verification"]["command"] = json!(format!("test -f {file}"));
+        }
+        let repo = TestRepo::new();
+        git(&repo.path, &["config", "user.name", IDENTITY.0]);
+        git(&repo.path, &["config", "user.email", IDENTITY.1]);
+        repo.write_graph("demo", &graph.to_string());
+        repo.write_script("demo", &demo_script());
+        repo.write_config_text("workers:\n  max_concurrent: 3\n");
+        git(&repo.path, &["add", ".zerg/config.yaml"]);
+        git(&repo.path, &["commit", "-q", "-m", "zerg config"]);
+        if level_in_state {
+            let mut levels = serde_json::Map::new();
+            for t in graph["tasks"].as_array().into_iter().flatten() {
+                let id = t["id"].as_str().unwrap_or_default().to_string();
+                levels.insert(id, json!({"level": t["level"]}));
+            }
+            // The shape of the original's initial state document, with the tasks' levels.
+            let state = json!({"feature": "demo", "current_level": 0, "tasks": levels,
+                "workers": {}, "levels": {}, "execution_log": [], "metrics": null,
+                "paused": false, "error": null});
+            let dir = repo.path.join(".zerg/state");
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("demo.json"), state.to_string()).map_err(|e| e.to_string())?;
+        }
+        Ok(repo)
+    }
+
+    /// `zerg rush --mode subprocess --workers 3` on the demo's repository, answered `y`, in a
+    /// process group of its own, until it returns or `cap` passes; then every process of the
+    /// group is ended.
+    fn rush(&self, level_in_state: bool, cap: Duration) -> Result<Value, String> {
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let repo = Original::repo(level_in_state)?;
+        let log_path = self.scratch.path().join(format!(
+            "rush-{}.log",
+            if level_in_state { "level" } else { "shipped" }
+        ));
+        let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+        let path = std::env::join_paths(std::iter::once(self.scratch.path().join("bin")).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&self.zerg);
+        cmd.args(["rush", "--mode", "subprocess", "--workers", "3"])
+            .current_dir(&repo.path)
+            .env("PATH", path)
+            .env("HOME", self.scratch.path().join("home"))
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .process_group(0);
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("ZERG_")
+                || k.starts_with("FAKE_CLAUDE_")
+                || k == "CLAUDE_CODE_TASK_LIST_ID"
+            {
+                cmd.env_remove(k.as_ref());
+            }
+        }
+        let t = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start zerg rush: {e}"))?;
+        let pid = child.id() as i32;
+        if let Some(mut stdin) = child.stdin.take() {
+            // "Start execution? [Y/n]"
+            let _ = stdin.write_all(b"y\n");
+        }
+        let sampler = PeakSampler::start(Watch {
+            root: pid,
+            group: Some(pid),
+            orchestrator: pid,
+            is_worker: |argv| argv.iter().any(|a| a == "zerg.worker_main"),
+        });
+        let state_path = repo.path.join(".zerg/state/demo.json");
+        let mut all_complete = None;
+        let exit = loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                break Some(st);
+            }
+            if all_complete.is_none() && task_counts(&state_path).0 == 12 {
+                all_complete = Some(t.elapsed().as_secs_f64());
+            }
+            if t.elapsed() >= cap {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let wall = t.elapsed().as_secs_f64();
+        let alive_at_end = group_members(pid).len();
+        let peaks = sampler.finish();
+        let left = end_group(pid);
+        let _ = child.wait();
+        if left > 0 {
+            return Err(format!("{left} of its processes outlived SIGKILL"));
+        }
+        let (complete, failed) = task_counts(&state_path);
+        if all_complete.is_none() && complete == 12 {
+            all_complete = Some(wall);
+        }
+        let rush_log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let (refused, first_refusal) = level_refusals(&repo.path.join(".zerg/logs/workers"));
+        Ok(json!({
+            "cap_s": cap.as_secs(),
+            "tasks": 12,
+            "tasks_complete": complete,
+            "tasks_failed": failed,
+            "wall_s": exit.map(|_| round(wall, 1)),
+            "rush_exit_code": exit.and_then(|s| s.code()),
+            "all_tasks_complete_s": all_complete.map(|s| round(s, 1)),
+            "orchestrator_peak_rss_mb": mb(peaks.orchestrator_kib),
+            "worker_peak_rss_mb": mb(peaks.worker_kib),
+            "all_processes_peak_rss_mb": mb(peaks.all_kib),
+            "rss_samples": peaks.samples,
+            "worker_processes_spawned": rush_log.matches("Spawned worker").count(),
+            "claims_refused_level_mismatch": refused,
+            "first_refusal": first_refusal,
+            "processes_alive_at_end": alive_at_end,
+        }))
+    }
+}
+
+/// Tasks `complete` and `failed` in one of the original's state files (0, 0 while it cannot
+/// be read).
+fn task_counts(state: &Path) -> (usize, usize) {
+    let doc: Value = std::fs::read(state)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let count = |want: &str| {
+        doc["tasks"]
+            .as_object()
+            .map(|t| t.values().filter(|t| t["status"] == want).count())
+            .unwrap_or(0)
+    };
+    (count("complete"), count("failed"))
+}
+
+/// Claims the original's workers refused for a level mismatch, from their structured logs
+/// (`worker-N.jsonl`, appended to across respawns): how many, and the first message.
+fn level_refusals(dir: &Path) -> (usize, Option<String>) {
+    let mut n = 0;
+    let mut first: Option<(String, String)> = None;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("worker-") || name.contains("orchestrator") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains("Level mismatch")) {
+            n += 1;
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let ts = v["ts"].as_str().unwrap_or_default().to_string();
+            let msg = v["message"].as_str().unwrap_or_default().to_string();
+            if first.as_ref().is_none_or(|(t, _)| ts < *t) {
+                first = Some((ts, msg));
+            }
         }
     }
-    let v = Command::new("python3")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|_| "no python3".into());
-    json!({"skipped": format!("zerg-ai 0.3.2 needs Python >= 3.12; this machine has {v} and none newer")})
+    (n, first.map(|(_, m)| m))
+}
+
+/// zerg's demo (the `demo` scenario's repository, `zergctl rush demo --workers 3`), with the
+/// same figures as a run of the original.
+fn zerg_demo_measured() -> Result<Value, String> {
+    let repo = demo_repo();
+    let d = Daemon::start();
+    // zergd, zergctl and everything under them: the bench's own descendants.
+    let sampler = PeakSampler::start(Watch {
+        root: std::process::id() as i32,
+        group: None,
+        orchestrator: d.pid() as i32,
+        is_worker: |argv| {
+            argv.first().is_some_and(|a| {
+                Path::new(a)
+                    .file_name()
+                    .is_some_and(|n| n == "zerg-worker-agent")
+            })
+        },
+    });
+    let wall = rush_to_end(&d, &repo, "demo", 3);
+    let peaks = sampler.finish();
+    let wall = wall?;
+    let complete = d
+        .status(&repo.path, "demo")
+        .map(|s| tasks_with(&s, "complete").len())
+        .unwrap_or(0);
+    Ok(json!({
+        "tasks": 12,
+        "tasks_complete": complete,
+        "wall_s": round(wall.as_secs_f64(), 1),
+        "orchestrator_peak_rss_mb": mb(peaks.orchestrator_kib),
+        "worker_peak_rss_mb": mb(peaks.worker_kib),
+        "all_processes_peak_rss_mb": mb(peaks.all_kib),
+        "rss_samples": peaks.samples,
+    }))
+}
+
+/// KiB as MB with one decimal.
+fn mb(kib: u64) -> f64 {
+    round(kib as f64 / 1024.0, 1)
+}
+
+/// `/proc/<pid>/stat`'s parent and process group, unless the process is gone or a zombie.
+fn parent_and_group(pid: i32) -> Option<(i32, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s[s.rfind(')')? + 1..].split_whitespace().collect();
+    if matches!(f.first(), Some(&"Z") | Some(&"X")) {
+        return None;
+    }
+    Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
+}
+
+/// Every live process: (pid, parent, process group).
+fn all_processes() -> Vec<(i32, i32, i32)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| parent_and_group(pid).map(|(pp, pg)| (pid, pp, pg)))
+        .collect()
+}
+
+/// Live processes of a process group.
+fn group_members(pgid: i32) -> Vec<i32> {
+    all_processes()
+        .into_iter()
+        .filter(|p| p.2 == pgid)
+        .map(|p| p.0)
+        .collect()
+}
+
+/// SIGTERM to a process group, SIGKILL to what is left of it after 10 s: how many of its
+/// processes are still there 5 s after that.
+fn end_group(pgid: i32) -> usize {
+    use nix::sys::signal::{Signal, killpg};
+    use nix::unistd::Pid;
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
+    if !poll(Duration::from_secs(10), || group_members(pgid).is_empty()) {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        poll(Duration::from_secs(5), || group_members(pgid).is_empty());
+    }
+    group_members(pgid).len()
+}
+
+/// The processes a [`PeakSampler`] watches, and their roles.
+struct Watch {
+    /// This process and all its descendants (the bench itself excepted).
+    root: i32,
+    /// And every process of this group, also once it has lost its parent.
+    group: Option<i32>,
+    /// The orchestrator's pid.
+    orchestrator: i32,
+    /// Whether a command line is a worker's.
+    is_worker: fn(&[String]) -> bool,
+}
+
+/// Peak memory a [`PeakSampler`] saw, in KiB.
+#[derive(Default)]
+struct Peaks {
+    /// The orchestrator's VmHWM.
+    orchestrator_kib: u64,
+    /// The largest VmHWM of any worker process.
+    worker_kib: u64,
+    /// The largest sum of VmRSS over all watched processes at one sample.
+    all_kib: u64,
+    /// Samples taken.
+    samples: u64,
+}
+
+/// Samples the memory of a [`Watch`]'s processes from `/proc` every [`SAMPLE_EVERY`] on a
+/// thread of its own, until [`PeakSampler::finish`].
+struct PeakSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Peaks>,
+}
+
+impl PeakSampler {
+    /// Starts sampling `w`'s processes (the first sample at once).
+    fn start(w: Watch) -> PeakSampler {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut p = Peaks::default();
+            loop {
+                let last = stopped.load(Ordering::Relaxed);
+                w.sample(&mut p);
+                if last {
+                    return p;
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+        });
+        PeakSampler { stop, thread }
+    }
+
+    /// Takes one last sample and stops.
+    fn finish(self) -> Peaks {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+impl Watch {
+    /// One look at the watched processes: their memory goes into `p`.
+    fn sample(&self, p: &mut Peaks) {
+        let procs = all_processes();
+        let me = std::process::id() as i32;
+        let mut members: Vec<i32> = procs
+            .iter()
+            .filter(|q| q.0 == self.root || Some(q.2) == self.group)
+            .map(|q| q.0)
+            .collect();
+        let mut i = 0;
+        while i < members.len() {
+            let parent = members[i];
+            for q in &procs {
+                if q.1 == parent && !members.contains(&q.0) {
+                    members.push(q.0);
+                }
+            }
+            i += 1;
+        }
+        let mut all = 0;
+        for pid in members.into_iter().filter(|pid| *pid != me) {
+            let Some((rss, hwm)) = mem_kib(pid) else {
+                continue;
+            };
+            all += rss;
+            if pid == self.orchestrator {
+                p.orchestrator_kib = p.orchestrator_kib.max(hwm);
+                continue;
+            }
+            let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| {
+                    b.split(|c| *c == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if (self.is_worker)(&argv) {
+                p.worker_kib = p.worker_kib.max(hwm);
+            }
+        }
+        p.all_kib = p.all_kib.max(all);
+        p.samples += 1;
+    }
 }
 
 /// The benchmark table of docs/benchmarks.md, from zerg-bench's JSON.
@@ -1055,8 +1638,65 @@ fn markdown(v: &Value) -> String {
         }
     }
     if let Some(vs) = v["results"].get("vs_original") {
-        o.push_str(&format!("\nThe original ZERG, side by side: {vs}\n"));
+        o.push_str(&vs_original_markdown(vs));
     }
+    o
+}
+
+/// The `vs_original` result as a table: one row per run and one of ratios, or why it did not
+/// run.
+fn vs_original_markdown(vs: &Value) -> String {
+    let text = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        x => x.to_string(),
+    };
+    if let Some(why) = vs.get("skipped").or_else(|| vs.get("error")) {
+        return format!("\nThe original ZERG side by side: not run: {}\n", text(why));
+    }
+    let mut o = format!(
+        "\nThe original ZERG side by side: {} on Python {}; {}; {}.\n\n",
+        text(&vs["original"]),
+        text(&vs["python"]),
+        text(&vs["graph"]),
+        text(&vs["rss"])
+    );
+    o.push_str("| run | wall s | tasks complete | orchestrator peak RSS MB | largest worker peak RSS MB | all processes peak RSS MB |\n|---|---|---|---|---|---|\n");
+    let rss = [
+        "orchestrator_peak_rss_mb",
+        "worker_peak_rss_mb",
+        "all_processes_peak_rss_mb",
+    ];
+    for (name, key) in [
+        ("original, as shipped", "original_as_shipped"),
+        (
+            "original, each task's `level` in its state file",
+            "original_level_in_state",
+        ),
+        ("zerg", "zerg_demo"),
+    ] {
+        let r = &vs[key];
+        let wall = match &r["wall_s"] {
+            Value::Null => format!("had not ended at {} s", text(&r["cap_s"])),
+            w => text(w),
+        };
+        o.push_str(&format!(
+            "| {name} | {wall} | {}/{} | {} | {} | {} |\n",
+            text(&r["tasks_complete"]),
+            text(&r["tasks"]),
+            text(&r[rss[0]]),
+            text(&r[rss[1]]),
+            text(&r[rss[2]])
+        ));
+    }
+    let q = &vs["level_in_state_over_zerg"];
+    o.push_str(&format!(
+        "| original with levels / zerg | {} | | {} | {} | {} |\n",
+        text(&q["wall_s"]),
+        text(&q[rss[0]]),
+        text(&q[rss[1]]),
+        text(&q[rss[2]])
+    ));
     o
 }
 
