@@ -30,7 +30,7 @@ impl Default for ImportLimits {
     }
 }
 
-/// Copies the objects worker `worker_id`'s containers wrote (into their private object dir,
+/// Copies the objects worker `worker`'s containers wrote (into their private object dir,
 /// `<git dir>/zerg/<feature>/worker-<N>/objects`) into the repository's shared object store,
 /// so zergd's own git sees the worker's commits.
 ///
@@ -47,18 +47,56 @@ impl Default for ImportLimits {
 ///   only what is new since the last, however long the rush.
 /// - One import per worker at a time: a second caller waits for the first.
 ///
-/// The launcher calls this whenever a worker container exits; zergd also calls it before it
-/// checks a commit a container worker reports. Returns how many objects and packs it imported.
-pub fn import_worker_objects(
-    repo: &Path,
+/// zergd calls this before it checks a commit a container worker reports, and the container
+/// launcher when a worker container exits. `common` is the repository's common git dir
+/// (absolute, [`common_dir_in`]). Returns how many objects and packs it imported.
+pub fn import_objects(
+    common: &Path,
     feature: &str,
-    worker_id: u32,
+    worker: u32,
     limits: ImportLimits,
 ) -> io::Result<usize> {
-    let common = common_dir_of(repo)?;
-    import_objects(&common, feature, worker_id, limits)
+    let from_path = worker_object_dir(common, feature, worker);
+    let _slot = ImportSlot::take(from_path.clone());
+    // Every step from the common dir down is opened without following a symlink: a symlink
+    // anywhere on the way would make zergd import (and so expose) objects of a repository the
+    // container cannot read.
+    let rel = from_path.strip_prefix(common).unwrap_or(&from_path);
+    let from = match Dir::open_below(common, rel) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            tracing::warn!(dir = %from_path.display(), error = %e, "a worker's object dir is not a plain directory; nothing imported");
+            return Ok(0);
+        }
+    };
+    let to = common.join("objects");
+    let mut n = 0;
+    for (name, _) in from.entries()? {
+        let Some(name_s) = name.to_str() else {
+            continue;
+        };
+        let is_fanout = name_s.len() == 2 && name_s.bytes().all(|c| c.is_ascii_hexdigit());
+        if is_fanout {
+            let sub = match from.dir(&name) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(dir = %from_path.join(&name).display(), error = %e, "skipping a worker's object dir entry that is not a directory");
+                    continue;
+                }
+            };
+            n += import_fanout(&sub, name_s, &to, &from_path, limits)?;
+        } else if name_s == "pack" {
+            match from.dir(&name) {
+                Ok(d) => n += import_packs(&d, common, &from_path, limits),
+                Err(e) => {
+                    tracing::warn!(dir = %from_path.join("pack").display(), error = %e, "skipping a worker's pack dir that is not a directory")
+                }
+            }
+        }
+    }
+    Ok(n)
 }
-
 /// The repository's common git dir (absolute).
 pub fn common_dir_of(repo: &Path) -> io::Result<PathBuf> {
     let git = crate::Repo::open(repo).map_err(|e| io::Error::other(e.to_string()))?;
@@ -141,55 +179,6 @@ impl Drop for ImportSlot {
         }
         IMPORT_DONE.notify_all();
     }
-}
-
-/// [`import_worker_objects`] for a repository whose common git dir is `common` (absolute).
-pub fn import_objects(
-    common: &Path,
-    feature: &str,
-    worker: u32,
-    limits: ImportLimits,
-) -> io::Result<usize> {
-    let from_path = worker_object_dir(common, feature, worker);
-    let _slot = ImportSlot::take(from_path.clone());
-    // Every step from the common dir down is opened without following a symlink: a symlink
-    // anywhere on the way would make zergd import (and so expose) objects of a repository the
-    // container cannot read.
-    let rel = from_path.strip_prefix(common).unwrap_or(&from_path);
-    let from = match Dir::open_below(common, rel) {
-        Ok(d) => d,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => {
-            tracing::warn!(dir = %from_path.display(), error = %e, "a worker's object dir is not a plain directory; nothing imported");
-            return Ok(0);
-        }
-    };
-    let to = common.join("objects");
-    let mut n = 0;
-    for (name, _) in from.entries()? {
-        let Some(name_s) = name.to_str() else {
-            continue;
-        };
-        let is_fanout = name_s.len() == 2 && name_s.bytes().all(|c| c.is_ascii_hexdigit());
-        if is_fanout {
-            let sub = match from.dir(&name) {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(dir = %from_path.join(&name).display(), error = %e, "skipping a worker's object dir entry that is not a directory");
-                    continue;
-                }
-            };
-            n += import_fanout(&sub, name_s, &to, &from_path, limits)?;
-        } else if name_s == "pack" {
-            match from.dir(&name) {
-                Ok(d) => n += import_packs(&d, common, &from_path, limits),
-                Err(e) => {
-                    tracing::warn!(dir = %from_path.join("pack").display(), error = %e, "skipping a worker's pack dir that is not a directory")
-                }
-            }
-        }
-    }
-    Ok(n)
 }
 
 /// Imports the loose objects of one fan-out directory (`<xx>/`).
@@ -510,7 +499,7 @@ mod tests {
                 .exists()
         }
         fn import(&self, limits: ImportLimits) -> usize {
-            import_worker_objects(&self.repo, "f", 1, limits).unwrap()
+            import_objects(&self.common, "f", 1, limits).unwrap()
         }
     }
 
@@ -556,7 +545,7 @@ mod tests {
         assert_eq!(fx.import(ImportLimits::default()), 0, "imported once");
         assert!(!fx.from.join(&known[..2]).join(&known[2..]).exists());
         assert_eq!(
-            import_worker_objects(&fx.repo, "f", 9, ImportLimits::default()).unwrap(),
+            import_objects(&fx.common, "f", 9, ImportLimits::default()).unwrap(),
             0
         );
     }

@@ -138,9 +138,9 @@ impl Supervisor {
                 // Level N+1's prompts show what level N wrote: the map moves onto the new
                 // staging head before the next level is dispatched.
                 let symbols = match (&result, &job.symbols) {
-                    (MergeResult::Merged(head), Some((previous, settings))) => {
-                        Some(jobs::update_symbols(&repo, previous, head, settings))
-                    }
+                    (MergeResult::Merged(head), Some((previous, settings))) => Some(
+                        jobs::update_symbols(&repo, job.git.as_ref(), previous, head, settings),
+                    ),
                     _ => None,
                 };
                 let _ = tx.send(Event::Merged {

@@ -73,7 +73,7 @@ fn internal(ctx: &str) -> impl FnOnce(git::GitError) -> SupervisorError + '_ {
 /// `rush`; the rest are counted in one line. A generated graph can have tens of thousands (every
 /// task of a level above 1 with no dependency is "unreachable"), and each copy of the rush's
 /// status carried them all. `zergctl validate` lists every one.
-pub const GRAPH_WARNINGS_KEPT: usize = 50;
+const GRAPH_WARNINGS_KEPT: usize = 50;
 
 /// Prepares a fresh rush: validates the graph and config, snapshots the spec directory and
 /// config, resets zerg's branches for the feature and creates the worktrees.
@@ -581,7 +581,7 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
 pub fn build_symbols(job: &IndexJob) -> Indexed {
     let cache = zerg_symbols::Cache::in_repo(&job.repo);
     guarded(|| {
-        let git = zerg_git::Repo::open(&job.repo).map_err(|e| e.to_string())?;
+        let git = repo_handle(job.git.as_ref(), &job.repo)?;
         zerg_symbols::build(&git, &job.commit, &job.settings, Some(&cache))
             .map_err(|e| e.to_string())
     })
@@ -591,16 +591,28 @@ pub fn build_symbols(job: &IndexJob) -> Indexed {
 /// (see [`zerg_symbols::update`]).
 pub fn update_symbols(
     repo: &Path,
+    git: Option<&zerg_git::Repo>,
     previous: &zerg_symbols::SymbolIndex,
     head: &str,
     settings: &zerg_symbols::Settings,
 ) -> Indexed {
     let cache = zerg_symbols::Cache::in_repo(repo);
     guarded(|| {
-        let git = zerg_git::Repo::open(repo).map_err(|e| e.to_string())?;
+        let git = repo_handle(git, repo)?;
         zerg_symbols::update(previous, &git, head, settings, Some(&cache))
             .map_err(|e| e.to_string())
     })
+}
+
+/// The rush's repository handle, or one opened at `repo` when the rush has none.
+pub(super) fn repo_handle(
+    git: Option<&zerg_git::Repo>,
+    repo: &Path,
+) -> Result<zerg_git::Repo, String> {
+    match git {
+        Some(g) => Ok(g.clone()),
+        None => zerg_git::Repo::open(repo).map_err(|e| e.to_string()),
+    }
 }
 
 fn guarded(f: impl FnOnce() -> Indexed) -> Indexed {

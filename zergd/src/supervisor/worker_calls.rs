@@ -151,10 +151,7 @@ pub(super) fn verify_commit(
     commit: &str,
     checkpoint: bool,
 ) -> Result<(), String> {
-    let git = match &check.git {
-        Some(g) => g.clone(),
-        None => zerg_git::Repo::open(&check.repo).map_err(|e| e.to_string())?,
-    };
+    let git = super::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
     if let Some(limits) = check.container
         && let Err(e) = crate::git::objects::import_objects(
             &crate::git::objects::common_dir_in(&git),

@@ -14,7 +14,7 @@
 //!   refs as `packed-refs`, the worktree's admin dir with a sparse checkout that leaves the
 //!   mounted spec alone, and its own object dir, with the real objects read-only at
 //!   `/zerg/shared-objects` as an alternate). Whatever git writes inside stays private; zergd
-//!   imports the new objects ([`crate::git::objects::import_worker_objects`], verified), checks a reported commit
+//!   imports the new objects ([`crate::git::objects::import_objects`], verified), checks a reported commit
 //!   and moves the real worker branch itself. No file of the host's `.git` is writable from
 //!   inside.
 //! - Identity: never root. The agent runs as zergd's uid:gid, or, when zergd runs as root, as

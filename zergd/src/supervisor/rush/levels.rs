@@ -67,6 +67,7 @@ impl Rush {
                     self.config.symbols.clone(),
                 )
             }),
+            git: self.git(),
         });
     }
 

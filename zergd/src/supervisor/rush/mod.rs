@@ -116,6 +116,9 @@ pub struct MergeJob {
     /// The symbol map to move onto the merged head, and its settings (`None` when
     /// `symbols.enabled` is off).
     pub symbols: Option<(Arc<SymbolIndex>, SymbolSettings)>,
+    /// The rush's repository handle, which the symbol map's update reads through (`None` when
+    /// the rush could not open one: the job opens its own).
+    pub git: Option<zerg_git::Repo>,
 }
 
 /// A symbol map to build from a commit (the first of a rush, in a blocking job).
@@ -127,6 +130,9 @@ pub struct IndexJob {
     pub commit: String,
     /// `symbols:` of the rush's config.
     pub settings: SymbolSettings,
+    /// The rush's repository handle (`None` when the rush could not open one: the job opens its
+    /// own).
+    pub git: Option<zerg_git::Repo>,
 }
 
 /// A built or updated symbol map with what building it did, or why it could not be built.

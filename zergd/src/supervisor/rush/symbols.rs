@@ -22,6 +22,7 @@ impl Rush {
                 repo: self.paths.repo.clone(),
                 commit: self.doc.rush.staging_head.clone(),
                 settings: self.config.symbols.clone(),
+                git: self.git(),
             });
         }
         true
