@@ -36,6 +36,15 @@ pub mod env {
     pub const TASK_ID: &str = "ZERG_TASK_ID";
     /// Set for the agent CLI and verification commands: the task's handoff directory.
     pub const TASK_DIR: &str = "ZERG_TASK_DIR";
+    /// Remote workers (swarm and kubernetes modes): the worker plane's URL,
+    /// `https://host:port`. When it is set the agent shares no filesystem with zergd: it fetches
+    /// each lease's base over the plane and pushes its commits back.
+    pub const PLANE_URL: &str = "ZERG_PLANE_URL";
+    /// Remote workers: a file holding the PEM of the CA that signed the plane's certificate.
+    pub const PLANE_CA: &str = "ZERG_PLANE_CA";
+    /// Remote workers: a file holding the worker's token (a mounted secret, never an
+    /// environment variable).
+    pub const WORKER_TOKEN_FILE: &str = "ZERG_WORKER_TOKEN_FILE";
 }
 
 /// How a worker process ends (the original ZERG's codes).

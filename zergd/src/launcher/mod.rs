@@ -53,6 +53,18 @@ pub struct WorkerSpec {
     /// Variables of zergd's environment a subprocess worker inherits beyond the built-in
     /// allowlist (`agent.env_passthrough`; a `*` suffix is a prefix).
     pub env_passthrough: Vec<String>,
+    /// How a worker that shares no filesystem with zergd reaches it (swarm and kubernetes
+    /// modes); empty in the local modes.
+    pub remote: RemoteSpec,
+}
+
+/// The TCP worker plane as a remote worker sees it.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteSpec {
+    /// The URL workers dial, `https://host:port` (`remote.advertise_url`).
+    pub plane_url: String,
+    /// PEM of the CA that signed the plane's server certificate.
+    pub ca_pem: String,
 }
 
 /// Container-mode settings from the rush config.

@@ -251,6 +251,7 @@ impl Supervisor {
                 log_max_bytes: r.config.container.log_max_size.0 as u64,
             },
             env_passthrough: r.config.agent.env_passthrough.clone(),
+            remote: Default::default(),
         })
     }
 }

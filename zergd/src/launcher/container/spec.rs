@@ -587,6 +587,7 @@ mod tests {
                 log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
+            remote: Default::default(),
         }
     }
 

@@ -199,6 +199,7 @@ async fn real_engine_lifecycle() {
                 log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
+            remote: Default::default(),
         }
     };
     let s1 = mk(1);
