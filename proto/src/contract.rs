@@ -333,6 +333,13 @@ pub mod image {
     pub const HOME: &str = "/home/worker";
     /// Where the worktree is mounted.
     pub const WORKSPACE: &str = "/workspace";
+    /// Remote workers: where the plane's CA certificate is mounted (a Swarm config or a
+    /// Kubernetes ConfigMap).
+    pub const REMOTE_CA_PATH: &str = "/zerg/remote/ca.pem";
+    /// Remote workers: the directory the worker's token secret is mounted in.
+    pub const SECRET_DIR: &str = "/run/secrets";
+    /// Remote workers: the file name of the token inside [`SECRET_DIR`].
+    pub const TOKEN_FILE_NAME: &str = "zerg-token";
     /// Where the worker's own log dir is mounted.
     pub const LOG_MOUNT: &str = "/zerg/logs";
     /// Where the rush's worker-plane directory is mounted.

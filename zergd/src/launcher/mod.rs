@@ -87,6 +87,44 @@ pub struct ContainerSpec {
     pub log_max_bytes: u64,
 }
 
+/// The environment of a remote worker (swarm and kubernetes modes): the worker's identity, the
+/// plane's URL, where its CA and its token are mounted, the image's paths, a git identity, and
+/// the variables a container worker would be passed through (the agent CLI's API keys). The
+/// token itself is never in it.
+pub fn remote_env(spec: &WorkerSpec) -> Vec<(String, String)> {
+    use zerg_proto::contract::{env, image};
+    let mut out: Vec<(String, String)> = vec![
+        (env::PLANE_URL.into(), spec.remote.plane_url.clone()),
+        (env::PLANE_CA.into(), image::REMOTE_CA_PATH.into()),
+        (
+            env::WORKER_TOKEN_FILE.into(),
+            format!("{}/{}", image::SECRET_DIR, image::TOKEN_FILE_NAME),
+        ),
+        (env::RUSH_ID.into(), spec.rush_id.clone()),
+        (env::WORKER_ID.into(), spec.worker_id.to_string()),
+        (env::GENERATION.into(), spec.generation.to_string()),
+        (env::FEATURE.into(), spec.feature.clone()),
+        (env::BRANCH.into(), spec.branch.clone()),
+        (env::WORKTREE.into(), image::WORKSPACE.into()),
+        (env::LOG_DIR.into(), image::LOG_MOUNT.into()),
+        ("HOME".into(), image::HOME.into()),
+        ("CLAUDE_CONFIG_DIR".into(), format!("{}/.claude", image::HOME)),
+        ("GIT_AUTHOR_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        ("GIT_AUTHOR_EMAIL".into(), "zerg-worker@localhost".into()),
+        ("GIT_COMMITTER_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        ("GIT_COMMITTER_EMAIL".into(), "zerg-worker@localhost".into()),
+    ];
+    // Host files (a credentials file named by a variable) cannot follow a remote worker.
+    let (passed, _host_files) =
+        container::container_passthrough(std::env::vars(), &spec.env_passthrough);
+    out.extend(
+        passed
+            .into_iter()
+            .filter(|(_, v)| !v.starts_with("/zerg/host/")),
+    );
+    out
+}
+
 /// A started worker.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Spawned {
