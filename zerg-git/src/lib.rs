@@ -20,6 +20,7 @@ pub mod fsat;
 mod merge;
 pub mod objects;
 mod read;
+pub mod transfer;
 mod worktree;
 
 pub use merge::{LevelMerge, Merged};

@@ -257,76 +257,8 @@ fn import_packs(dir: &Dir, common: &Path, from_path: &Path, limits: ImportLimits
 /// Indexes one pack a worker wrote into a quarantine object dir (its bases come from the real
 /// store), checks the size of every object in it, then moves it into the real store.
 fn import_pack(dir: &Dir, file: &OsStr, common: &Path, limits: ImportLimits) -> Result<(), String> {
-    let (pack, st) = dir.open_file(file).map_err(|e| e.to_string())?;
-    if st.st_size as u64 > limits.max_pack {
-        return Err(format!(
-            "{} bytes is larger than container.max_pack_size ({} bytes)",
-            st.st_size, limits.max_pack
-        ));
-    }
-    let objects = common.join("objects");
-    let quarantine = tempfile::Builder::new()
-        .prefix("zerg-incoming-")
-        .tempdir_in(&objects)
-        .map_err(|e| format!("cannot make a quarantine dir: {e}"))?;
-    fs::create_dir(quarantine.path().join("pack")).map_err(|e| e.to_string())?;
-    let in_quarantine = |args: &[&str]| {
-        let mut c = crate::cli::scrubbed("git");
-        c.arg("--git-dir")
-            .arg(common)
-            .args(args)
-            .env("GIT_OBJECT_DIRECTORY", quarantine.path())
-            .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &objects)
-            .stderr(std::process::Stdio::piped());
-        c
-    };
-    let max = format!("--max-input-size={}", limits.max_pack);
-    let out = in_quarantine(&["index-pack", "--stdin", "--fix-thin", "--strict", &max])
-        .stdin(pack)
-        .stdout(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run git index-pack: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    // Only the quarantine's own objects: no alternates for this look.
-    let out = crate::cli::scrubbed("git")
-        .arg("--git-dir")
-        .arg(common)
-        .args([
-            "cat-file",
-            "--batch-all-objects",
-            "--batch-check=%(objectsize) %(objectname)",
-        ])
-        .env("GIT_OBJECT_DIRECTORY", quarantine.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run git cat-file: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    for line in text.lines() {
-        let (size, id) = line.split_once(' ').unwrap_or((line, ""));
-        if size.parse::<u64>().map_or(true, |s| s > limits.max_object) {
-            return Err(format!(
-                "object {id} of {size} bytes is larger than container.max_object_size ({} bytes)",
-                limits.max_object
-            ));
-        }
-    }
-    // The pack first, its index last: git sees a pack once its index is there.
-    let mut names: Vec<PathBuf> = fs::read_dir(quarantine.path().join("pack"))
-        .map_err(|e| e.to_string())?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    names.sort_by_key(|p| p.extension().is_some_and(|e| e == "idx"));
-    for p in names {
-        let dest = objects.join("pack").join(p.file_name().unwrap_or_default());
-        fs::rename(&p, &dest).map_err(|e| format!("cannot move {}: {e}", p.display()))?;
-    }
-    Ok(())
+    let (pack, _) = dir.open_file(file).map_err(|e| e.to_string())?;
+    crate::transfer::Incoming::index(common, pack, limits)?.accept(common)
 }
 
 /// Largest loose object file (compressed) zergd reads from a container.

@@ -26,7 +26,7 @@ pub struct Status {
     pub current_level: u32,
     /// Number of levels.
     pub total_levels: u32,
-    /// subprocess or container.
+    /// subprocess, container, swarm or kubernetes.
     pub mode: String,
     /// Tasks by id.
     pub tasks: BTreeMap<String, Task>,

@@ -77,7 +77,7 @@ pub enum Command {
         #[arg(short, long, default_value_t = 5)]
         workers: u32,
         /// Where workers run [default: subprocess, or the mode of the rush being resumed].
-        #[arg(short, long, value_parser = ["subprocess", "container"])]
+        #[arg(short, long, value_parser = ["subprocess", "container", "swarm", "kubernetes"])]
         mode: Option<String>,
         /// Repository [default: the current directory].
         #[arg(long)]

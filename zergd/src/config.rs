@@ -38,8 +38,11 @@ pub struct Config {
     pub verification_tiers: VerificationTiers,
     /// Gates run on staging after every level merge.
     pub quality_gates: Vec<QualityGate>,
-    /// Container mode settings.
+    /// Container mode settings (swarm and kubernetes modes use its image, network and pack
+    /// limits too).
     pub container: ContainerConfig,
+    /// The TCP worker plane of remote workers (swarm and kubernetes modes).
+    pub remote: RemoteConfig,
     /// Resource limits for container workers.
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
@@ -407,6 +410,47 @@ impl ContainerConfig {
         crate::git::objects::ImportLimits {
             max_object: self.max_object_size.0 as u64,
             max_pack: self.max_pack_size.0 as u64,
+        }
+    }
+}
+
+/// `remote:` section: how workers that share no filesystem with zergd reach it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct RemoteConfig {
+    /// Address the TCP worker plane listens on (`host:port`). One zergd serves every remote
+    /// rush on one address: a second remote rush with another address is refused.
+    pub listen: String,
+    /// The URL workers dial (`https://host:port`); empty means `https://<listen>`.
+    pub advertise_url: String,
+    /// The operator's server certificate chain (PEM file); empty means zergd mints a CA and a
+    /// server certificate of its own and keeps them under its state directory.
+    pub tls_cert: String,
+    /// The key of `tls_cert` (PEM file).
+    pub tls_key: String,
+    /// The CA that signed `tls_cert` (PEM file), which workers trust.
+    pub tls_ca: String,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7446".into(),
+            advertise_url: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            tls_ca: String::new(),
+        }
+    }
+}
+
+impl RemoteConfig {
+    /// The URL workers dial.
+    pub fn url(&self) -> String {
+        if self.advertise_url.is_empty() {
+            format!("https://{}", self.listen)
+        } else {
+            self.advertise_url.trim_end_matches('/').to_string()
         }
     }
 }

@@ -206,6 +206,18 @@ closed_set! {
         Subprocess => "subprocess",
         /// `zerg-worker` Docker containers.
         Container => "container",
+        /// Docker Swarm services, sharing no filesystem with zergd.
+        Swarm => "swarm",
+        /// Kubernetes Jobs, sharing no filesystem with zergd.
+        Kubernetes => "kubernetes",
+    }
+}
+
+impl Mode {
+    /// Whether its workers share no filesystem with zergd: they fetch their base and push
+    /// their commits over the TCP worker plane.
+    pub fn is_remote(self) -> bool {
+        matches!(self, Mode::Swarm | Mode::Kubernetes)
     }
 }
 

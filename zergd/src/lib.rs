@@ -23,6 +23,7 @@ pub mod launcher;
 pub mod logtail;
 pub mod monitor;
 pub mod notify;
+pub mod remote;
 pub mod server;
 pub mod state;
 pub mod supervisor;

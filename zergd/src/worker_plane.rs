@@ -26,8 +26,9 @@ use tonic::{Request, Response, Status, Streaming};
 use zerg_proto::v1;
 use zerg_proto::v1::worker_server::{Worker, WorkerServer};
 
-use crate::calls::{Beat, Completion, EscalationReport, Failure, Register};
+use crate::calls::{Beat, Caller, Completion, EscalationReport, Failure, LeaseRef, Register};
 use crate::error::SupervisorError;
+use crate::supervisor::rush::CommitCheck;
 use crate::supervisor::{Event, Handle, WorkerCmd};
 use crate::wire::worker::lease_caller;
 
@@ -163,7 +164,7 @@ pub fn serve(
     let listener = UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     let svc = PlaneService {
-        rush_id: rush_id.to_string(),
+        rush_id: Some(rush_id.to_string()),
         handle,
     };
     let server = WorkerServer::new(svc)
@@ -185,14 +186,62 @@ pub fn serve(
     }))
 }
 
-/// The `Worker` service of one rush.
+/// How often the TCP plane pings an idle connection, and how long it waits for the answer.
+const TCP_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Serves the `Worker` service of every remote rush on `listen` (TCP, `host:port`) over TLS
+/// with `tls` until the returned task is aborted. Calls are routed by the rush they name.
+pub fn serve_tcp(
+    listen: &str,
+    tls: &crate::remote::PlaneTls,
+    handle: Handle,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use tonic::transport::{Identity, ServerTlsConfig};
+    let std_listener = std::net::TcpListener::bind(listen)?;
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    let identity = Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+    let mut builder = tonic::transport::Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(identity))
+        .map_err(std::io::Error::other)?
+        .http2_keepalive_interval(Some(TCP_KEEPALIVE))
+        .http2_keepalive_timeout(Some(TCP_KEEPALIVE));
+    let server = WorkerServer::new(PlaneService {
+        rush_id: None,
+        handle,
+    })
+    .max_decoding_message_size(MAX_WORKER_MESSAGE)
+    .max_encoding_message_size(16 * MAX_WORKER_MESSAGE);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let addr = listen.to_string();
+    Ok(tokio::spawn(async move {
+        if let Err(e) = builder
+            .add_service(server)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(listen = %addr, error = %e, "TCP worker plane stopped");
+        }
+    }))
+}
+
+/// The `Worker` service: of one rush on its Unix socket, or of every remote rush on the TCP
+/// plane, where a call is routed by the rush it names (its token must then belong to that rush's
+/// slot and generation, as everywhere).
 #[derive(Clone)]
 struct PlaneService {
-    rush_id: String,
+    /// The rush whose socket this is; `None` on the TCP plane.
+    rush_id: Option<String>,
     handle: Handle,
 }
 
 impl PlaneService {
+    /// Who is calling: the rush of the socket (or, on the TCP plane, the one the call names)
+    /// and the token it carried.
+    fn auth(&self, md: &MetadataMap, claimed: &str) -> WorkerAuth {
+        WorkerAuth::from_metadata(self.rush_id.as_deref().unwrap_or(claimed), md)
+    }
+
     /// Checks the request at the edge, hands it to the supervisor with who sent it, and turns
     /// the answer into the reply message.
     async fn call<T, D, R, W>(
@@ -202,14 +251,97 @@ impl PlaneService {
         make: impl FnOnce(D, crate::supervisor::Reply<R>) -> WorkerCmd,
         reply: impl FnOnce(R) -> W,
     ) -> Result<Response<W>, Status> {
-        let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
+        let md = req.metadata().clone();
         let r = convert(req.into_inner())?;
         self.handle
-            .ask(|tx| Event::Worker(auth, make(r, tx)))
+            .ask(|tx| {
+                let cmd = make(r, tx);
+                Event::Worker(self.auth(&md, &cmd.caller().rush_id), cmd)
+            })
             .await
             .map(|r| Response::new(reply(r)))
             .map_err(Status::from)
     }
+
+    /// The lease's git view, for a fetch or a push: the caller must hold the lease.
+    async fn objects(
+        &self,
+        md: &MetadataMap,
+        caller: Caller,
+        lease: LeaseRef,
+    ) -> Result<CommitCheck, Status> {
+        let auth = self.auth(md, &caller.rush_id);
+        self.handle
+            .ask(|tx| Event::Worker(auth, WorkerCmd::Objects(caller, lease, tx)))
+            .await
+            .map_err(Status::from)
+    }
+
+    /// Refuses a push: the rush's events say why, and so does the answer.
+    async fn refuse_push(
+        &self,
+        md: &MetadataMap,
+        caller: Caller,
+        lease: LeaseRef,
+        why: String,
+    ) -> Status {
+        tracing::warn!(worker = caller.worker, task = %lease.task_id, reason = %why, "pack refused");
+        let auth = self.auth(md, &caller.rush_id);
+        let msg = format!("pack refused: {why}");
+        let _ = self
+            .handle
+            .ask(|tx| Event::Worker(auth, WorkerCmd::PushRefused(caller, lease, why, tx)))
+            .await;
+        Status::failed_precondition(msg)
+    }
+}
+
+/// Bytes per message of a pack on the wire.
+const PACK_CHUNK: usize = 256 * 1024;
+
+/// Builds the pack of what a worker lacks for `check`'s base (and the checkpoint it resumes
+/// from, with that checkpoint's parent, which applying it needs), in a temporary file.
+fn base_pack(
+    check: &CommitCheck,
+    haves: &[String],
+) -> Result<(std::fs::File, Vec<String>, bool, u64), String> {
+    if check.base.is_empty() {
+        return Err("the lease has no base commit to fetch".into());
+    }
+    let git = crate::supervisor::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
+    let mut wants = vec![check.base.clone()];
+    if !check.resume_from.is_empty() {
+        wants.push(check.resume_from.clone());
+        wants.extend(
+            git.parents(&check.resume_from)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .take(1),
+        );
+    }
+    let objects = git
+        .snapshot_objects(&wants, haves)
+        .map_err(|e| e.to_string())?;
+    let file = tempfile::tempfile().map_err(|e| format!("cannot make a temporary file: {e}"))?;
+    let size = git
+        .write_pack(&objects, file.try_clone().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    Ok((file, wants, git.is_sha256(), size))
+}
+
+/// Indexes a pushed pack in quarantine, checks the commit there, and moves the pack into the
+/// repository; returns how many objects it held.
+fn receive_push(check: &CommitCheck, commit: &str, pack: std::fs::File) -> Result<u64, String> {
+    let git = crate::supervisor::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
+    let common = crate::git::objects::common_dir_in(&git);
+    let incoming = zerg_git::transfer::Incoming::index(&common, pack, check.pack_limits)?;
+    let q = incoming
+        .repo()
+        .map_err(|e| format!("cannot open the quarantine: {e}"))?;
+    q.check_task_commit(&check.base, commit, &check.protected)?;
+    let n = incoming.objects_count as u64;
+    incoming.accept(&common)?;
+    Ok(n)
 }
 
 fn ack(_: ()) -> v1::Ack {
@@ -238,11 +370,11 @@ impl Worker for PlaneService {
         &self,
         req: Request<Streaming<v1::HeartbeatRequest>>,
     ) -> Result<Response<v1::HeartbeatReply>, Status> {
-        let auth = WorkerAuth::from_metadata(&self.rush_id, req.metadata());
+        let md = req.metadata().clone();
         let mut stream = req.into_inner();
         while let Some(msg) = stream.next().await {
             let beat = Beat::try_from(msg?)?;
-            let a = auth.clone();
+            let a = self.auth(&md, &beat.caller.rush_id);
             self.handle
                 .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(beat, tx)))
                 .await
@@ -270,6 +402,113 @@ impl Worker for PlaneService {
     ) -> Result<Response<v1::Ack>, Status> {
         self.call(req, EscalationReport::try_from, WorkerCmd::Escalate, ack)
             .await
+    }
+
+    type FetchBaseStream = tokio_stream::wrappers::ReceiverStream<Result<v1::PackChunk, Status>>;
+
+    async fn fetch_base(
+        &self,
+        req: Request<v1::FetchBaseRequest>,
+    ) -> Result<Response<Self::FetchBaseStream>, Status> {
+        let md = req.metadata().clone();
+        let (caller, lease, haves) = crate::wire::worker::fetch_request(req.into_inner())?;
+        let check = self.objects(&md, caller, lease).await?;
+        let (file, shallow, sha256, size) =
+            tokio::task::spawn_blocking(move || base_pack(&check, &haves))
+                .await
+                .map_err(|e| Status::internal(format!("the pack could not be built: {e}")))?
+                .map_err(Status::failed_precondition)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Seek};
+            let mut file = file;
+            let mut first = Some(v1::PackChunk {
+                object_format: if sha256 { "sha256" } else { "sha1" }.into(),
+                shallow,
+                pack_bytes: size,
+                data: Vec::new(),
+            });
+            if let Err(e) = file.rewind() {
+                let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                return;
+            }
+            loop {
+                let mut buf = vec![0u8; PACK_CHUNK];
+                let n = match file.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                        return;
+                    }
+                };
+                if n == 0 && first.is_none() {
+                    return;
+                }
+                buf.truncate(n);
+                let mut msg = first.take().unwrap_or_default();
+                msg.data = buf;
+                if tx.blocking_send(Ok(msg)).is_err() || n == 0 {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn push_objects(
+        &self,
+        req: Request<Streaming<v1::PushChunk>>,
+    ) -> Result<Response<v1::PushReply>, Status> {
+        use std::io::{Seek, Write};
+        let md = req.metadata().clone();
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("a push needs a first message"))?;
+        let head = crate::wire::worker::PushHeader::try_from(first)?;
+        let (caller, lease) = (head.caller.clone(), head.lease.clone());
+        let check = self.objects(&md, caller.clone(), lease.clone()).await?;
+        let max = check.pack_limits.max_pack;
+        if head.size > max {
+            let why = format!(
+                "the pack's {} bytes are more than the {max} bytes allowed",
+                head.size
+            );
+            return Err(self.refuse_push(&md, caller, lease, why).await);
+        }
+        let mut file = tempfile::tempfile().map_err(|e| Status::internal(format!("spool: {e}")))?;
+        let mut got = 0u64;
+        let mut data = head.data;
+        loop {
+            got += data.len() as u64;
+            if got > head.size {
+                let why = format!("more data than the {} bytes announced", head.size);
+                return Err(self.refuse_push(&md, caller, lease, why).await);
+            }
+            file.write_all(&data)
+                .map_err(|e| Status::internal(format!("spool: {e}")))?;
+            match stream.message().await? {
+                Some(m) => data = m.data,
+                None => break,
+            }
+        }
+        if got != head.size {
+            let why = format!("{got} bytes of the {} announced", head.size);
+            return Err(self.refuse_push(&md, caller, lease, why).await);
+        }
+        file.rewind()
+            .map_err(|e| Status::internal(format!("spool: {e}")))?;
+        let commit = head.commit;
+        let done = tokio::task::spawn_blocking(move || receive_push(&check, &commit, file))
+            .await
+            .map_err(|e| Status::internal(format!("the pack check stopped: {e}")))?;
+        match done {
+            Ok(objects) => Ok(Response::new(v1::PushReply { objects })),
+            Err(why) => Err(self.refuse_push(&md, caller, lease, why).await),
+        }
     }
 }
 

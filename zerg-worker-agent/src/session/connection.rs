@@ -21,13 +21,19 @@ pub(super) async fn connect_retrying(env: &Env) -> Result<Channel, String> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(500);
     loop {
-        match zerg_proto::transport::connect(socket).await {
+        let connected = match &env.remote {
+            Some(plane) => connect_tcp(plane).await,
+            None => zerg_proto::transport::connect(socket)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match connected {
             Ok(ch) => return Ok(ch),
             Err(_) if env.orphaned() => return Err(env.orphaned_message()),
             Err(e) if start.elapsed() < timeout => {
                 eprintln!(
                     "zerg-worker-agent: cannot reach zergd at {} ({e}); retrying in {delay:?}",
-                    socket.display()
+                    env.plane_name()
                 );
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
@@ -35,11 +41,37 @@ pub(super) async fn connect_retrying(env: &Env) -> Result<Channel, String> {
             Err(e) => {
                 return Err(format!(
                     "cannot reach zergd at {} for {timeout:?}: {e}",
-                    socket.display()
+                    env.plane_name()
                 ));
             }
         }
     }
+}
+
+/// Connects to the TCP worker plane over TLS, trusting only the plane's CA; HTTP/2 keepalive
+/// pings keep an idle connection (a parked lease) open through the network's idle timeouts.
+async fn connect_tcp(plane: &RemotePlane) -> Result<Channel, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&plane.ca_pem));
+    Endpoint::from_shared(plane.url.clone())
+        .map_err(|e| format!("{}: {e}", plane.url))?
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            msg
+        })
 }
 
 /// Keeps a client-streaming Heartbeat RPC open and feeds it from the work loop; reconnects when

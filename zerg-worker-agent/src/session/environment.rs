@@ -14,6 +14,17 @@ pub struct Env {
     pub(super) log_dir: PathBuf,
     pub(super) token: Token,
     pub(super) reconnect_timeout: Duration,
+    /// Set for a remote worker: the TCP plane it dials instead of a socket.
+    pub(super) remote: Option<RemotePlane>,
+}
+
+/// The TCP worker plane a remote worker dials.
+#[derive(Debug, Clone)]
+pub(super) struct RemotePlane {
+    /// `https://host:port`.
+    pub(super) url: String,
+    /// The CA that signed the plane's certificate (PEM).
+    pub(super) ca_pem: String,
 }
 
 /// Adds the worker's token to every RPC (`authorization: Bearer <token>`).
@@ -52,8 +63,33 @@ impl Env {
                 .parse()
                 .map_err(|_| format!("environment variable {k} is not a number"))
         };
+        let remote = match std::env::var(env::PLANE_URL) {
+            Ok(url) if !url.is_empty() => {
+                let ca = var(env::PLANE_CA)?;
+                Some(RemotePlane {
+                    url,
+                    ca_pem: std::fs::read_to_string(&ca)
+                        .map_err(|e| format!("cannot read the plane's CA {ca}: {e}"))?,
+                })
+            }
+            _ => None,
+        };
+        // A remote worker's token is a mounted secret file, never a variable.
+        let token = match std::env::var(env::WORKER_TOKEN_FILE) {
+            Ok(f) if !f.is_empty() => Some(
+                std::fs::read_to_string(&f)
+                    .map_err(|e| format!("cannot read the worker's token {f}: {e}"))?
+                    .trim()
+                    .to_string(),
+            ),
+            _ => std::env::var(env::WORKER_TOKEN).ok(),
+        };
         Ok(Env {
-            socket: PathBuf::from(var(env::SOCKET)?),
+            socket: if remote.is_some() {
+                PathBuf::new()
+            } else {
+                PathBuf::from(var(env::SOCKET)?)
+            },
             rush_id: var(env::RUSH_ID)?,
             worker_id: num(env::WORKER_ID)? as u32,
             generation: num(env::GENERATION)?,
@@ -61,24 +97,29 @@ impl Env {
             feature: var(env::FEATURE)?,
             log_dir: PathBuf::from(var(env::LOG_DIR)?),
             // Without it every call is refused, with a message saying so.
-            token: Token(
-                std::env::var(env::WORKER_TOKEN)
-                    .ok()
-                    .and_then(|t| zerg_proto::contract::bearer(&t).parse().ok()),
-            ),
+            token: Token(token.and_then(|t| zerg_proto::contract::bearer(&t).parse().ok())),
             reconnect_timeout: Duration::from_secs(
                 std::env::var("ZERG_RECONNECT_TIMEOUT_SECONDS")
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(600),
             ),
+            remote,
         })
     }
 
     /// Whether zergd's socket and this worker's worktree are both gone: the rush is over, and
     /// nothing will ever answer on the socket again.
     pub(super) fn orphaned(&self) -> bool {
-        !self.socket.exists() && !self.worktree.exists()
+        self.remote.is_none() && !self.socket.exists() && !self.worktree.exists()
+    }
+
+    /// Where zergd is reached: the TCP plane's URL, or the socket's path.
+    pub(super) fn plane_name(&self) -> String {
+        match &self.remote {
+            Some(p) => p.url.clone(),
+            None => self.socket.display().to_string(),
+        }
     }
 
     /// Says why an orphaned worker gives up.

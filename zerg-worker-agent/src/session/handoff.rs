@@ -92,6 +92,16 @@ impl Session {
                 String::new()
             }
         };
+        // A remote worker's checkpoint reaches zergd before the report that names it.
+        let sha = if !sha.is_empty()
+            && self.env.remote.is_some()
+            && let Err(e) = self.push(task, &sha).await
+        {
+            eprintln!("zerg-worker-agent: cannot push the checkpoint: {e}");
+            String::new()
+        } else {
+            sha
+        };
         if !sha.is_empty() {
             // Keep the checkpoint reachable after the worker branch moves on.
             let r = format!("refs/zerg/{}/wip/{}", self.env.feature, task.id);

@@ -42,6 +42,7 @@ macro_rules! retrying {
 mod connection;
 mod environment;
 mod handoff;
+mod remote;
 mod task;
 
 use connection::*;

@@ -166,6 +166,19 @@ impl Session {
             task.id, task.attempt, task.lease_id
         );
         self.set_step(v1::Step::LoadingContext, 5);
+        if self.env.remote.is_some()
+            && let Err(e) = self.fetch_base(&task).await
+        {
+            return self
+                .fail(
+                    &task,
+                    v1::FailKind::AgentFailed,
+                    format!("cannot fetch the base: {e}"),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
         if let Err(e) = self.prepare_worktree(&task).await {
             return self
                 .fail(
@@ -414,6 +427,19 @@ impl Session {
                     .await;
             }
         };
+        if self.env.remote.is_some()
+            && let Err(e) = self.push(&task, &commit).await
+        {
+            return self
+                .fail(
+                    &task,
+                    v1::FailKind::CommitFailed,
+                    format!("cannot push the commit: {e}"),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
         let out_of_scope = self.out_of_scope(&task, &commit, changed).await;
         let (tokens, models) = usage_to_wire(&self.attempt);
         let req = v1::CompleteRequest {

@@ -15,7 +15,7 @@ pub struct Start<'a> {
     pub feature: &'a str,
     /// Number of workers.
     pub workers: u32,
-    /// `subprocess`, `container`, or empty for the default.
+    /// `subprocess`, `container`, `swarm`, `kubernetes`, or empty for the default.
     pub mode: &'a str,
     /// The rush's budget (USD), if given.
     pub max_usd: Option<f64>,
@@ -147,7 +147,7 @@ fn mode_arg(mode: &str) -> Result<v1::LaunchMode, CliError> {
     v1::LaunchMode::from_name(mode).ok_or_else(|| {
         CliError::new(
             code::USAGE,
-            format!("--mode: '{mode}' is not subprocess or container"),
+            format!("--mode: '{mode}' is not subprocess, container, swarm or kubernetes"),
         )
     })
 }

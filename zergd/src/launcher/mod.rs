@@ -108,10 +108,19 @@ pub fn remote_env(spec: &WorkerSpec) -> Vec<(String, String)> {
         (env::WORKTREE.into(), image::WORKSPACE.into()),
         (env::LOG_DIR.into(), image::LOG_MOUNT.into()),
         ("HOME".into(), image::HOME.into()),
-        ("CLAUDE_CONFIG_DIR".into(), format!("{}/.claude", image::HOME)),
-        ("GIT_AUTHOR_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        (
+            "CLAUDE_CONFIG_DIR".into(),
+            format!("{}/.claude", image::HOME),
+        ),
+        (
+            "GIT_AUTHOR_NAME".into(),
+            format!("zerg worker {}", spec.worker_id),
+        ),
         ("GIT_AUTHOR_EMAIL".into(), "zerg-worker@localhost".into()),
-        ("GIT_COMMITTER_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        (
+            "GIT_COMMITTER_NAME".into(),
+            format!("zerg worker {}", spec.worker_id),
+        ),
         ("GIT_COMMITTER_EMAIL".into(), "zerg-worker@localhost".into()),
     ];
     // Host files (a credentials file named by a variable) cannot follow a remote worker.

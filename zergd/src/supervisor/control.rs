@@ -280,6 +280,12 @@ impl Supervisor {
             }
         };
         let id = p.doc.rush.rush_id.clone();
+        if p.doc.rush.mode.is_remote()
+            && let Err(e) = self.ensure_remote_plane(&p.config.remote)
+        {
+            let _ = reply.send(Err(e));
+            return;
+        }
         self.ensure_plane(&id);
         let mode = p.doc.rush.mode;
         let rush = Rush::new(p.doc, p.graph, p.config, p.paths, p.spec_context, now);

@@ -5,8 +5,63 @@ use super::recovery::append_escalations;
 use super::*;
 
 impl Supervisor {
-    /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only.
+    /// Serves the TCP worker plane of remote workers with `cfg` (idempotent). One zergd serves
+    /// one address: a rush that asks for another is told so.
+    pub(super) fn ensure_remote_plane(
+        &mut self,
+        cfg: &crate::config::RemoteConfig,
+    ) -> Result<(), SupervisorError> {
+        if let Some(p) = &self.remote_plane
+            && !p.task.is_finished()
+        {
+            if p.listen == cfg.listen && p.url == cfg.url() {
+                return Ok(());
+            }
+            return Err(SupervisorError::failed_precondition(format!(
+                "this zergd serves remote workers on {} ({}); remote.listen {} with remote.advertise_url {:?} needs that rush to end or zergd to restart",
+                p.listen,
+                p.url,
+                cfg.listen,
+                cfg.url()
+            )));
+        }
+        let dir = self
+            .settings
+            .registry_path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("remote");
+        let tls =
+            crate::remote::tls_material(&dir, cfg).map_err(SupervisorError::failed_precondition)?;
+        let task =
+            crate::worker_plane::serve_tcp(&cfg.listen, &tls, self.handle()).map_err(|e| {
+                SupervisorError::failed_precondition(format!(
+                    "cannot serve the TCP worker plane on {} (remote.listen): {e}",
+                    cfg.listen
+                ))
+            })?;
+        tracing::info!(listen = %cfg.listen, url = %cfg.url(), "serving remote workers");
+        self.remote_plane = Some(RemotePlane {
+            listen: cfg.listen.clone(),
+            url: cfg.url(),
+            ca_pem: tls.ca_pem,
+            task,
+        });
+        Ok(())
+    }
+
+    /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only; and, for a
+    /// remote rush, the TCP plane.
     pub(super) fn ensure_plane(&mut self, rush_id: &str) {
+        if let Some(cfg) = self
+            .rushes
+            .get(rush_id)
+            .filter(|r| r.doc.rush.mode.is_remote())
+            .map(|r| r.config.remote.clone())
+            && let Err(e) = self.ensure_remote_plane(&cfg)
+        {
+            tracing::error!(rush = rush_id, error = %e.message(), "remote workers of this rush cannot connect");
+        }
         if self.planes.get(rush_id).is_some_and(|h| !h.is_finished()) {
             return;
         }
@@ -251,7 +306,13 @@ impl Supervisor {
                 log_max_bytes: r.config.container.log_max_size.0 as u64,
             },
             env_passthrough: r.config.agent.env_passthrough.clone(),
-            remote: Default::default(),
+            remote: match &self.remote_plane {
+                Some(p) if r.doc.rush.mode.is_remote() => crate::launcher::RemoteSpec {
+                    plane_url: p.url.clone(),
+                    ca_pem: p.ca_pem.clone(),
+                },
+                _ => Default::default(),
+            },
         })
     }
 }

@@ -605,7 +605,7 @@ pub fn update_symbols(
 }
 
 /// The rush's repository handle, or one opened at `repo` when the rush has none.
-pub(super) fn repo_handle(
+pub(crate) fn repo_handle(
     git: Option<&zerg_git::Repo>,
     repo: &Path,
 ) -> Result<zerg_git::Repo, String> {

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::calls::{
-    Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome, Register,
-    Registration, RetryTasks, RushKey, StartRush, Started, StopRush,
+    Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome, LeaseRef,
+    Register, Registration, RetryTasks, RushKey, StartRush, Started, StopRush,
 };
 use crate::error::SupervisorError;
 use tokio::sync::{mpsc, oneshot};
@@ -102,6 +102,10 @@ pub enum WorkerCmd {
     Fail(Failure, Reply<()>),
     /// An escalation.
     Escalate(EscalationReport, Reply<()>),
+    /// A remote worker fetches its lease's base or pushes its objects: the lease's git view.
+    Objects(Caller, LeaseRef, Reply<CommitCheck>),
+    /// A remote worker's pack was refused (recorded as an event, with the reason).
+    PushRefused(Caller, LeaseRef, String, Reply<()>),
 }
 
 /// A worker report whose commit is being checked in the background.
@@ -122,6 +126,7 @@ impl WorkerCmd {
             WorkerCmd::Complete(c, _) => &c.caller,
             WorkerCmd::Fail(f, _) => &f.caller,
             WorkerCmd::Escalate(e, _) => &e.caller,
+            WorkerCmd::Objects(c, ..) | WorkerCmd::PushRefused(c, ..) => c,
         }
     }
 
@@ -134,6 +139,8 @@ impl WorkerCmd {
             WorkerCmd::Complete(_, r) => drop(r.send(Err(e))),
             WorkerCmd::Fail(_, r) => drop(r.send(Err(e))),
             WorkerCmd::Escalate(_, r) => drop(r.send(Err(e))),
+            WorkerCmd::Objects(_, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::PushRefused(_, _, _, r) => drop(r.send(Err(e))),
         }
     }
 }
@@ -258,6 +265,17 @@ impl Launchers {
     }
 }
 
+/// The TCP worker plane, as remote workers are told to reach it.
+struct RemotePlane {
+    /// The address it listens on (`remote.listen`).
+    listen: String,
+    /// The URL workers dial.
+    url: String,
+    /// The CA workers trust.
+    ca_pem: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// The supervisor actor.
 pub struct Supervisor {
     /// The rushes held whole: every rush that runs, is paused, or ended but still has a worker,
@@ -275,6 +293,8 @@ pub struct Supervisor {
     watchers: HashMap<String, Vec<Watcher>>,
     launchers: Launchers,
     planes: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// The TCP worker plane of remote rushes, once one needed it.
+    remote_plane: Option<RemotePlane>,
     /// The last `progress-<N>.json` written per (rush, slot), so an unchanged one is not
     /// rewritten on every heartbeat.
     last_progress: HashMap<(String, u32), serde_json::Value>,
@@ -319,6 +339,7 @@ impl Supervisor {
                 container: Arc::new(cell),
             },
             planes: HashMap::new(),
+            remote_plane: None,
             last_progress: HashMap::new(),
             monitors: HashMap::new(),
             clock,

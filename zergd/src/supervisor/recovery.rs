@@ -15,9 +15,10 @@ impl Supervisor {
         for e in reg.rushes {
             if e.state.is_terminal() && !e.summary.is_empty() {
                 // Ended while zergd ran: listed from its entry, loaded when a command asks.
-                if e.summary.mode == Mode::Container {
+                if e.summary.mode != Mode::Subprocess {
                     // Its containers may have outlived a zergd killed as the rush ended.
-                    self.sweep_ended(&e.rush_id, PathBuf::from(&e.repo), e.feature.clone());
+                    let (repo, feature) = (PathBuf::from(&e.repo), e.feature.clone());
+                    self.sweep_ended(&e.rush_id, e.summary.mode, repo, feature);
                 }
                 self.parked.insert(e.rush_id.clone(), e);
                 continue;
@@ -36,20 +37,21 @@ impl Supervisor {
             if r.doc.rush.state.is_active() {
                 self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;
-            } else if r.doc.rush.mode == Mode::Container {
+            } else if r.doc.rush.mode != Mode::Subprocess {
                 // A rush that ended while zergd was down leaves no container behind either.
-                self.sweep_ended(&e.rush_id, r.paths.repo.clone(), r.doc.feature.clone());
+                let (repo, feature) = (r.paths.repo.clone(), r.doc.feature.clone());
+                self.sweep_ended(&e.rush_id, r.doc.rush.mode, repo, feature);
             }
             self.rushes.insert(e.rush_id.clone(), r);
         }
     }
 
-    /// Removes every container of an ended rush (in the background).
-    pub(super) fn sweep_ended(&self, rush_id: &str, repo: PathBuf, feature: String) {
+    /// Removes every container, service or Job of an ended rush (in the background).
+    pub(super) fn sweep_ended(&self, rush_id: &str, mode: Mode, repo: PathBuf, feature: String) {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
         tokio::spawn(async move {
-            let Ok(l) = launchers.get(Mode::Container).await else {
+            let Ok(l) = launchers.get(mode).await else {
                 return;
             };
             for d in l.discover(&rid).await {

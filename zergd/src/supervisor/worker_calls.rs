@@ -91,6 +91,14 @@ impl Supervisor {
             WorkerCmd::Escalate(req, reply) => {
                 self.reply_in(&id, reply, |r, fx| r.on_escalate(req, wall, fx));
             }
+            WorkerCmd::Objects(caller, lease, reply) => {
+                let _ = reply.send(self.rushes[&id].commit_check(&caller, &lease));
+            }
+            WorkerCmd::PushRefused(caller, lease, why, reply) => {
+                self.reply_in(&id, reply, |r, _| {
+                    r.push_refused(&caller, &lease, &why, wall)
+                });
+            }
         }
     }
 

@@ -24,6 +24,8 @@ pub fn mode_from_wire(raw: i32) -> Result<Option<Mode>, i32> {
         Ok(v1::LaunchMode::Unspecified) => Ok(None),
         Ok(v1::LaunchMode::Subprocess) => Ok(Some(Mode::Subprocess)),
         Ok(v1::LaunchMode::Container) => Ok(Some(Mode::Container)),
+        Ok(v1::LaunchMode::Swarm) => Ok(Some(Mode::Swarm)),
+        Ok(v1::LaunchMode::Kubernetes) => Ok(Some(Mode::Kubernetes)),
         Err(_) => Err(raw),
     }
 }

@@ -159,6 +159,53 @@ pub fn lease_caller(r: v1::LeaseRequest) -> Result<Caller, SupervisorError> {
     caller(r.worker)
 }
 
+/// Most haves a fetch may name.
+pub const MAX_HAVES: usize = 64;
+
+/// A remote worker's fetch of its lease's base: who asks, for which lease, and the commits
+/// whose trees it holds.
+pub fn fetch_request(
+    r: v1::FetchBaseRequest,
+) -> Result<(Caller, LeaseRef, Vec<String>), SupervisorError> {
+    if r.haves.len() > MAX_HAVES {
+        return Err(invalid("haves", format!("more than {MAX_HAVES} commits")));
+    }
+    let haves = r
+        .haves
+        .into_iter()
+        .map(|h| commit("haves", h))
+        .collect::<Result<_, _>>()?;
+    Ok((caller(r.worker)?, lease(r.task_id, r.lease_id)?, haves))
+}
+
+/// The first message of a push: who sends, for which lease, the commit the pack brings, the
+/// pack's announced size, and the first of its bytes.
+pub struct PushHeader {
+    /// Who sends it.
+    pub caller: Caller,
+    /// The lease it is for.
+    pub lease: LeaseRef,
+    /// The commit the pack brings.
+    pub commit: String,
+    /// The pack's announced size.
+    pub size: u64,
+    /// The first bytes of the pack.
+    pub data: Vec<u8>,
+}
+
+impl TryFrom<v1::PushChunk> for PushHeader {
+    type Error = SupervisorError;
+    fn try_from(r: v1::PushChunk) -> Result<Self, SupervisorError> {
+        Ok(PushHeader {
+            caller: caller(r.worker)?,
+            lease: lease(r.task_id, r.lease_id)?,
+            commit: commit("commit", r.commit)?,
+            size: r.pack_bytes,
+            data: r.data,
+        })
+    }
+}
+
 impl TryFrom<v1::HeartbeatRequest> for Beat {
     type Error = SupervisorError;
     fn try_from(r: v1::HeartbeatRequest) -> Result<Self, SupervisorError> {

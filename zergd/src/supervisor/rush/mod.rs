@@ -226,6 +226,10 @@ pub struct CommitCheck {
     pub feature: String,
     /// The task.
     pub task: String,
+    /// The checkpoint the lease resumes from (empty when none).
+    pub resume_from: String,
+    /// Size limits on a pack a remote worker pushes.
+    pub pack_limits: crate::git::objects::ImportLimits,
 }
 
 /// Where a rush keeps its files.

@@ -98,7 +98,7 @@ impl Rush {
         rt.registered = true;
         rt.last_hb = Some(now);
         // A pid from inside a container means nothing on the host: never signal it.
-        if rt.spawned.is_none() && self.doc.rush.mode != Mode::Container {
+        if rt.spawned.is_none() && self.doc.rush.mode == Mode::Subprocess {
             rt.spawned = Some(Spawned {
                 pid: Some(req.pid),
                 start_time: crate::launcher::subprocess::proc_start_time(req.pid),
@@ -496,7 +496,31 @@ impl Rush {
                 .then(|| self.config.container.import_limits()),
             feature: self.feature().to_string(),
             task: task_id.to_string(),
+            resume_from: ts.resume_from.clone().unwrap_or_default(),
+            pack_limits: self.config.container.import_limits(),
         })
+    }
+
+    /// A remote worker's pack was refused: said in the rush's events, with the reason, so
+    /// `zergctl status` and `zergctl logs` show it.
+    pub fn push_refused(
+        &mut self,
+        r: &Caller,
+        lease: &LeaseRef,
+        why: &str,
+        wall: SystemTime,
+    ) -> Result<(), SupervisorError> {
+        self.check_lease(r, lease)?;
+        let (w, task_id) = (r.worker, lease.task_id.as_str());
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Warn,
+            "push_refused",
+            format!("Worker {w} pushed objects for {task_id} that zergd refused: {why}"),
+            json!({"task_id": task_id, "worker_id": w, "reason": why}),
+        );
+        Ok(())
     }
 
     /// A reported commit failed zergd's checks: the attempt fails (and is retried with

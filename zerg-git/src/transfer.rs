@@ -1,0 +1,345 @@
+//! Code between repositories that share no filesystem: a remote worker and zergd.
+//!
+//! - **Down** (`FetchBase`): zergd sends a lease's base at depth one: the commit itself, and
+//!   every tree and blob of its tree that the worker does not already hold in the tree of a
+//!   commit it named as a *have*. A first fetch is a whole snapshot; a base that moved by a level
+//!   costs the files that level changed. The worker marks each fetched commit shallow.
+//! - **Up** (`PushObjects`): the worker sends a thin pack of `base..commit` (its commits, and the
+//!   trees and blobs they add, deltas against objects of the base allowed). zergd indexes it with
+//!   `git index-pack --strict --fix-thin` into a quarantine directory of its own, within a size
+//!   cap, refuses any object over the object limit, checks the reported commit there (it
+//!   descends from the base, it leaves the spec alone), and only then moves the pack into the
+//!   repository ([`Incoming::accept`]). Whatever is refused never reaches the object store.
+//!
+//! Packs are written and indexed by the `git` program: it deltifies and verifies them exactly
+//! as a `git push` would be.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use gix::ObjectId;
+use gix::bstr::ByteSlice;
+
+use crate::objects::ImportLimits;
+use crate::{Error, Repo};
+
+/// One object to send, with the path it was found at (git's delta heuristics use it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackEntry {
+    /// Object id.
+    pub id: ObjectId,
+    /// Repository-relative path of a tree or blob; empty for commits and root trees.
+    pub path: String,
+}
+
+impl Repo {
+    /// What a peer lacks to hold every commit of `wants` at depth one when it already holds the
+    /// whole trees of `haves`: the want commits, and the trees and blobs of their trees that no
+    /// have's tree holds. Haves this repository does not know are ignored (the peer then gets
+    /// more than it needs, never less).
+    pub fn snapshot_objects(
+        &self,
+        wants: &[String],
+        haves: &[String],
+    ) -> Result<Vec<PackEntry>, Error> {
+        let mut known: HashSet<ObjectId> = HashSet::new();
+        for have in haves {
+            if !self.is_commit(have) {
+                continue;
+            }
+            let tree = self.tree_of(have)?;
+            known.insert(tree.id);
+            for (id, _) in self.tree_entries(&tree, have)? {
+                known.insert(id);
+            }
+        }
+        let mut out = Vec::new();
+        for want in wants {
+            let commit = self.oid(want)?;
+            if !self.is_commit(want) {
+                return Err(self.err(format!("send {want}"), "it is not a commit here"));
+            }
+            if known.insert(commit) {
+                out.push(PackEntry {
+                    id: commit,
+                    path: String::new(),
+                });
+            }
+            let tree = self.tree_of(want)?;
+            if known.insert(tree.id) {
+                out.push(PackEntry {
+                    id: tree.id,
+                    path: String::new(),
+                });
+            }
+            for (id, path) in self.tree_entries(&tree, want)? {
+                if known.insert(id) {
+                    out.push(PackEntry { id, path });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The parents of `commit`, in order.
+    pub fn parents(&self, commit: &str) -> Result<Vec<String>, Error> {
+        let c = self
+            .repo
+            .find_commit(self.oid(commit)?)
+            .map_err(|e| self.err(format!("read {commit}"), e))?;
+        Ok(c.parent_ids().map(|p| p.to_string()).collect())
+    }
+
+    /// Every tree and blob under `tree` with its path; submodule entries (commits of another
+    /// repository) are left out.
+    fn tree_entries(
+        &self,
+        tree: &gix::Tree<'_>,
+        rev: &str,
+    ) -> Result<Vec<(ObjectId, String)>, Error> {
+        let mut recorder = gix::traverse::tree::Recorder::default();
+        tree.traverse()
+            .breadthfirst(&mut recorder)
+            .map_err(|e| self.err(format!("list the tree of {rev}"), e))?;
+        Ok(recorder
+            .records
+            .into_iter()
+            .filter(|e| !e.mode.is_commit())
+            .map(|e| (e.oid, e.filepath.to_str_lossy().into_owned()))
+            .collect())
+    }
+
+    /// Writes a pack of `objects` to `out` with `git pack-objects` (deltas between them
+    /// allowed); returns its size in bytes.
+    pub fn write_pack(&self, objects: &[PackEntry], out: File) -> Result<u64, Error> {
+        let mut list = String::with_capacity(objects.len() * 60);
+        for o in objects {
+            list.push_str(&o.id.to_string());
+            if !o.path.is_empty() && !o.path.contains('\n') {
+                list.push(' ');
+                list.push_str(&o.path);
+            }
+            list.push('\n');
+        }
+        self.pack_objects(&["pack-objects", "--stdout", "-q"], &list, out)
+    }
+
+    /// Writes a thin pack of `base..commit` to `out` (what a worker pushes): the commits after
+    /// `base`, and the objects they add, with deltas against objects of `base`. Returns its size.
+    pub fn write_thin_pack(&self, base: &str, commit: &str, out: File) -> Result<u64, Error> {
+        let (b, c) = (self.oid(base)?, self.oid(commit)?);
+        let revs = format!("{c}\n^{b}\n");
+        self.pack_objects(
+            &["pack-objects", "--stdout", "-q", "--revs", "--thin"],
+            &revs,
+            out,
+        )
+    }
+
+    fn pack_objects(&self, args: &[&str], input: &str, out: File) -> Result<u64, Error> {
+        let what = "write a pack";
+        let mut child = crate::cli::scrubbed("git")
+            .arg("--git-dir")
+            .arg(self.git_dir())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone().map_err(|e| self.err(what, e))?)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.err(what, format!("cannot run git: {e}")))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        // A failed write shows as git's own failure below.
+        let _ = stdin.write_all(input.as_bytes());
+        drop(stdin);
+        let done = child
+            .wait_with_output()
+            .map_err(|e| self.err(what, format!("git: {e}")))?;
+        if !done.status.success() {
+            return Err(self.err(
+                what,
+                String::from_utf8_lossy(&done.stderr).trim().to_string(),
+            ));
+        }
+        out.metadata()
+            .map(|m| m.len())
+            .map_err(|e| self.err(what, e))
+    }
+}
+
+/// A pack indexed into a quarantine directory: its objects are readable through
+/// [`Incoming::repo`] (the quarantine first, the repository's objects as an alternate) and are in
+/// the repository only after [`Incoming::accept`]. Dropped unaccepted, it is removed with all it
+/// held.
+#[derive(Debug)]
+pub struct Incoming {
+    dir: tempfile::TempDir,
+    objects: PathBuf,
+    /// How many objects the pack held (thin bases it was completed with included).
+    pub objects_count: usize,
+}
+
+impl Incoming {
+    /// Indexes the pack in `pack` strictly into a new quarantine under `common`'s object dir:
+    /// `git index-pack --strict --fix-thin` with the repository's objects as the only source of
+    /// thin bases, refusing a pack larger than `limits.max_pack` and any object larger than
+    /// `limits.max_object`. The error says why, in git's words where git refused it.
+    pub fn index(common: &Path, pack: File, limits: ImportLimits) -> Result<Incoming, String> {
+        let size = pack.metadata().map_err(|e| e.to_string())?.len();
+        if size > limits.max_pack {
+            return Err(format!(
+                "the pack's {size} bytes are more than the {} bytes allowed",
+                limits.max_pack
+            ));
+        }
+        let real = common.join("objects");
+        let dir = tempfile::Builder::new()
+            .prefix("zerg-incoming-")
+            .tempdir_in(&real)
+            .map_err(|e| format!("cannot make a quarantine dir: {e}"))?;
+        let objects = dir.path().join("objects");
+        fs::create_dir_all(objects.join("pack")).map_err(|e| e.to_string())?;
+        fs::create_dir_all(objects.join("info")).map_err(|e| e.to_string())?;
+        fs::write(
+            objects.join("info").join("alternates"),
+            format!("{}\n", real.display()),
+        )
+        .map_err(|e| e.to_string())?;
+        // A bare repository around the quarantine, so the commit can be checked in it.
+        let config = fs::read_to_string(common.join("config")).unwrap_or_default();
+        let sha256 = config
+            .to_ascii_lowercase()
+            .contains("objectformat = sha256");
+        fs::write(
+            dir.path().join("config"),
+            if sha256 {
+                "[core]\n\trepositoryformatversion = 1\n\tbare = true\n[extensions]\n\tobjectformat = sha256\n"
+            } else {
+                "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        fs::write(dir.path().join("HEAD"), "ref: refs/heads/main\n").map_err(|e| e.to_string())?;
+        fs::create_dir_all(dir.path().join("refs").join("heads")).map_err(|e| e.to_string())?;
+        let max = format!("--max-input-size={}", limits.max_pack);
+        let out = crate::cli::scrubbed("git")
+            .arg("--git-dir")
+            .arg(dir.path())
+            .args(["index-pack", "--stdin", "--fix-thin", "--strict", &max])
+            .env("GIT_OBJECT_DIRECTORY", &objects)
+            .env("GIT_ALTERNATE_OBJECT_DIRECTORIES", &real)
+            .stdin(pack)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("cannot run git index-pack: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git index-pack refused it: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let mut incoming = Incoming {
+            dir,
+            objects,
+            objects_count: 0,
+        };
+        incoming.objects_count = incoming.check_sizes(common, limits.max_object)?;
+        Ok(incoming)
+    }
+
+    /// Refuses the pack when one of its own objects is larger than `max_object`; returns how
+    /// many objects it holds.
+    fn check_sizes(&self, common: &Path, max_object: u64) -> Result<usize, String> {
+        // Only the quarantine's own objects: no alternates for this look.
+        let out = crate::cli::scrubbed("git")
+            .arg("--git-dir")
+            .arg(common)
+            .args([
+                "cat-file",
+                "--batch-all-objects",
+                "--batch-check=%(objectsize) %(objectname)",
+            ])
+            .env("GIT_OBJECT_DIRECTORY", &self.objects)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run git cat-file: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut n = 0;
+        for line in text.lines() {
+            let (size, id) = line.split_once(' ').unwrap_or((line, ""));
+            if size.parse::<u64>().map_or(true, |s| s > max_object) {
+                return Err(format!(
+                    "object {id} of {size} bytes is larger than the {max_object} bytes allowed"
+                ));
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The quarantine as a repository: its own objects, and the real ones behind them.
+    pub fn repo(&self) -> Result<Repo, Error> {
+        Repo::open(self.dir.path())
+    }
+
+    /// Moves the pack into the repository whose common dir is `common`: the pack first, its index
+    /// last (git sees a pack once its index is there).
+    pub fn accept(self, common: &Path) -> Result<(), String> {
+        let dest = common.join("objects").join("pack");
+        let mut names: Vec<PathBuf> = fs::read_dir(self.objects.join("pack"))
+            .map_err(|e| e.to_string())?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "pack" || e == "idx"))
+            .collect();
+        names.sort_by_key(|p| p.extension().is_some_and(|e| e == "idx"));
+        for p in names {
+            let to = dest.join(p.file_name().unwrap_or_default());
+            fs::rename(&p, &to).map_err(|e| format!("cannot move {}: {e}", p.display()))?;
+        }
+        if let Ok(d) = File::open(&dest) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// Stores a pack zergd sent into the worker's own repository (`git_dir`) and marks `shallow`
+/// as commits whose parents it does not hold.
+pub fn store_fetched(git_dir: &Path, pack: File, shallow: &[String]) -> Result<(), String> {
+    let out = crate::cli::scrubbed("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["index-pack", "--stdin", "--fix-thin", "--strict"])
+        .stdin(pack)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run git index-pack: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git index-pack: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let path = git_dir.join("shallow");
+    let mut lines: Vec<String> = fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for s in shallow {
+        if crate::is_object_id(s) && !lines.contains(s) {
+            lines.push(s.clone());
+        }
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
