@@ -1,11 +1,13 @@
 //! How workers are started and stopped: the [`Launcher`] trait, with a subprocess
-//! implementation ([`subprocess`]) and a Docker implementation ([`container`]).
+//! implementation ([`subprocess`]), a Docker implementation ([`container`]) and a Kubernetes
+//! implementation ([`kubernetes`]).
 //!
 //! A launcher starts one `zerg-worker-agent` per call, reports its exit exactly once through the
 //! [`ExitSink`] it was given (the moment it happens, not at the next poll), and can stop a worker
 //! (SIGTERM to the whole process group or container, then SIGKILL after a grace period).
 
 pub mod container;
+pub mod kubernetes;
 pub mod subprocess;
 
 use std::future::Future;
