@@ -50,6 +50,7 @@ impl Repo {
             if !self.is_commit(have) {
                 continue;
             }
+            known.insert(self.oid(have)?);
             let tree = self.tree_of(have)?;
             known.insert(tree.id);
             for (id, _) in self.tree_entries(&tree, have)? {
@@ -311,25 +312,13 @@ impl Incoming {
 }
 
 /// Stores a pack zergd sent into the worker's own repository (`git_dir`) and marks `shallow`
-/// as commits whose parents it does not hold.
+/// as commits whose parents it does not hold. The shallow list is written first: the strict
+/// index checks every commit's parents are there, or shallow.
 pub fn store_fetched(git_dir: &Path, pack: File, shallow: &[String]) -> Result<(), String> {
-    let out = crate::cli::scrubbed("git")
-        .arg("--git-dir")
-        .arg(git_dir)
-        .args(["index-pack", "--stdin", "--fix-thin", "--strict"])
-        .stdin(pack)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| format!("cannot run git index-pack: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "git index-pack: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
     let path = git_dir.join("shallow");
-    let mut lines: Vec<String> = fs::read_to_string(&path)
+    let before = fs::read_to_string(&path).ok();
+    let mut lines: Vec<String> = before
+        .as_deref()
         .unwrap_or_default()
         .lines()
         .map(str::to_string)
@@ -341,5 +330,294 @@ pub fn store_fetched(git_dir: &Path, pack: File, shallow: &[String]) -> Result<(
     }
     let mut text = lines.join("\n");
     text.push('\n');
-    fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let out = crate::cli::scrubbed("git")
+        .arg("--git-dir")
+        .arg(git_dir)
+        .args(["index-pack", "--stdin", "--fix-thin", "--strict"])
+        .stdin(pack)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run git index-pack: {e}"))?;
+    if !out.status.success() {
+        let _ = match before {
+            Some(b) => fs::write(&path, b),
+            None => fs::remove_file(&path),
+        };
+        return Err(format!(
+            "git index-pack: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerg_proto::testkit::git;
+
+    const FORMATS: [&str; 2] = ["sha1", "sha256"];
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    /// zergd's repository, with history, a spec and a few files; returns its head.
+    fn origin(dir: &Path, format: &str) -> (PathBuf, String) {
+        let r = dir.join("origin");
+        fs::create_dir(&r).unwrap();
+        git(
+            &r,
+            &[
+                "init",
+                "-q",
+                "-b",
+                "main",
+                &format!("--object-format={format}"),
+            ],
+        );
+        write(&r, ".gsd/specs/f/task-graph.json", "{}\n");
+        for i in 0..3 {
+            write(
+                &r,
+                &format!("src/m{i}.rs"),
+                &format!("pub fn f{i}() {{}}\n").repeat(50),
+            );
+            git(&r, &["add", "-A"]);
+            git(&r, &["commit", "-q", "-m", &format!("c{i}")]);
+        }
+        let head = git(&r, &["rev-parse", "HEAD"]);
+        (r, head)
+    }
+
+    fn spool(repo: &Repo, objects: &[PackEntry]) -> File {
+        let f = tempfile::tempfile().unwrap();
+        repo.write_pack(objects, f.try_clone().unwrap()).unwrap();
+        rewound(f)
+    }
+
+    fn rewound(mut f: File) -> File {
+        use std::io::Seek;
+        f.rewind().unwrap();
+        f
+    }
+
+    /// A worker's repository holding `base` at depth one, fetched from `origin`.
+    fn worker(dir: &Path, format: &str, origin: &Repo, base: &str) -> PathBuf {
+        let w = dir.join("worker");
+        fs::create_dir(&w).unwrap();
+        git(&w, &["init", "-q", &format!("--object-format={format}")]);
+        let objects = origin.snapshot_objects(&[base.to_string()], &[]).unwrap();
+        store_fetched(
+            &w.join(".git"),
+            spool(origin, &objects),
+            &[base.to_string()],
+        )
+        .unwrap();
+        git(&w, &["reset", "-q", "--hard", base]);
+        w
+    }
+
+    fn quarantines(common: &Path) -> usize {
+        fs::read_dir(common.join("objects"))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("zerg-incoming-")
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_base_goes_down_at_depth_one_and_a_task_commit_comes_back_checked() {
+        for format in FORMATS {
+            let dir = tempfile::tempdir().unwrap();
+            let (o, base) = origin(dir.path(), format);
+            let origin = Repo::open(&o).unwrap();
+            let w = worker(dir.path(), format, &origin, &base);
+            // Depth one: the base's parent is not there.
+            assert_eq!(git(&w, &["rev-list", "--count", "HEAD"]), "1", "{format}");
+            write(&w, "src/m1.rs", "pub fn changed() {}\n");
+            git(&w, &["add", "-A"]);
+            git(
+                &w,
+                &[
+                    "-c",
+                    "user.name=w",
+                    "-c",
+                    "user.email=w@x",
+                    "commit",
+                    "-q",
+                    "-m",
+                    "task",
+                ],
+            );
+            let commit = git(&w, &["rev-parse", "HEAD"]);
+            let wrepo = Repo::open(&w).unwrap();
+            let f = tempfile::tempfile().unwrap();
+            let size = wrepo
+                .write_thin_pack(&base, &commit, f.try_clone().unwrap())
+                .unwrap();
+            assert!(size > 0 && size < 4096, "a task's pack is small: {size}");
+            assert!(!origin.is_commit(&commit));
+            let common = o.join(".git");
+            let inc = Incoming::index(&common, rewound(f), ImportLimits::default()).unwrap();
+            inc.repo()
+                .unwrap()
+                .check_task_commit(&base, &commit, ".gsd/specs/f")
+                .unwrap();
+            assert!(!origin.is_commit(&commit), "nothing lands before accept");
+            inc.accept(&common).unwrap();
+            assert!(Repo::open(&o).unwrap().is_commit(&commit), "{format}");
+            assert_eq!(quarantines(&common), 0);
+            // The next base: the worker's commit is a have, so only what it lacks comes down.
+            let more = origin
+                .snapshot_objects(&[commit.clone()], &[base.clone()])
+                .unwrap();
+            let none = Repo::open(&o)
+                .unwrap()
+                .snapshot_objects(&[commit.clone()], &[commit.clone()])
+                .unwrap();
+            assert!(none.is_empty(), "a have that is the want sends nothing");
+            assert!(!more.is_empty());
+        }
+    }
+
+    /// Pushes `commit` (made in the worker by `make`) and returns why zergd refused it, or
+    /// `None` if it was accepted.
+    fn hostile(
+        format: &str,
+        limits: ImportLimits,
+        make: impl FnOnce(&Path, &str) -> (String, Option<Vec<u8>>),
+    ) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let (o, base) = origin(dir.path(), format);
+        let origin = Repo::open(&o).unwrap();
+        let w = worker(dir.path(), format, &origin, &base);
+        let (commit, raw) = make(&w, &base);
+        let f = tempfile::tempfile().unwrap();
+        match raw {
+            Some(bytes) => {
+                let mut f2 = f.try_clone().unwrap();
+                f2.write_all(&bytes).unwrap();
+            }
+            None => {
+                Repo::open(&w)
+                    .unwrap()
+                    .write_thin_pack(&base, &commit, f.try_clone().unwrap())
+                    .unwrap();
+            }
+        }
+        let common = o.join(".git");
+        let r = Incoming::index(&common, rewound(f), limits).and_then(|inc| {
+            inc.repo().map_err(|e| e.to_string())?.check_task_commit(
+                &base,
+                &commit,
+                ".gsd/specs/f",
+            )?;
+            inc.accept(&common)
+        });
+        assert_eq!(quarantines(&common), 0, "the quarantine is gone");
+        if r.is_err() {
+            assert!(
+                !Repo::open(&o).unwrap().is_commit(&commit) || commit.is_empty(),
+                "a refused commit never reaches the repository"
+            );
+        }
+        r.err()
+    }
+
+    fn commit_all(w: &Path, msg: &str) -> String {
+        git(w, &["add", "-A"]);
+        git(
+            w,
+            &[
+                "-c",
+                "user.name=w",
+                "-c",
+                "user.email=w@x",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                msg,
+            ],
+        );
+        git(w, &["rev-parse", "HEAD"])
+    }
+
+    #[test]
+    fn hostile_packs_are_refused_and_leave_nothing() {
+        for format in FORMATS {
+            // Corrupt: a byte of the pack flipped.
+            let why = hostile(format, ImportLimits::default(), |w, base| {
+                write(w, "src/x.rs", "x\n");
+                let c = commit_all(w, "t");
+                let f = tempfile::tempfile().unwrap();
+                let size = Repo::open(w)
+                    .unwrap()
+                    .write_thin_pack(base, &c, f.try_clone().unwrap())
+                    .unwrap();
+                let mut bytes = Vec::new();
+                use std::io::Read;
+                rewound(f).read_to_end(&mut bytes).unwrap();
+                let mid = size as usize / 2;
+                bytes[mid] ^= 0xff;
+                (c, Some(bytes))
+            })
+            .expect("a corrupt pack is refused");
+            assert!(why.contains("index-pack"), "{why}");
+            // Oversized pack.
+            let tiny = ImportLimits {
+                max_pack: 64,
+                ..ImportLimits::default()
+            };
+            let why = hostile(format, tiny, |w, _| {
+                write(w, "src/big.rs", &"big text\n".repeat(1000));
+                (commit_all(w, "t"), None)
+            })
+            .expect("an oversized pack is refused");
+            assert!(why.contains("bytes allowed"), "{why}");
+            // An object over the object limit.
+            let small_objects = ImportLimits {
+                max_object: 1000,
+                ..ImportLimits::default()
+            };
+            let why = hostile(format, small_objects, |w, _| {
+                write(w, "src/big.rs", &"0123456789abcdef\n".repeat(4096));
+                (commit_all(w, "t"), None)
+            })
+            .expect("an object over the limit is refused");
+            assert!(why.contains("larger than"), "{why}");
+            // A commit that does not descend from the base (an orphan history).
+            let why = hostile(format, ImportLimits::default(), |w, _| {
+                git(w, &["checkout", "-q", "--orphan", "other"]);
+                write(w, "evil.rs", "evil\n");
+                (commit_all(w, "orphan"), None)
+            })
+            .expect("a commit off the base is refused");
+            assert!(why.contains("does not descend"), "{why}");
+            // A change to the spec.
+            let why = hostile(format, ImportLimits::default(), |w, _| {
+                write(w, ".gsd/specs/f/task-graph.json", "{\"evil\": true}\n");
+                (commit_all(w, "spec"), None)
+            })
+            .expect("a spec change is refused");
+            assert!(why.contains("spec"), "{why}");
+            // And a good one still goes in.
+            assert_eq!(
+                hostile(format, ImportLimits::default(), |w, _| {
+                    write(w, "src/ok.rs", "ok\n");
+                    (commit_all(w, "ok"), None)
+                }),
+                None
+            );
+        }
+    }
 }
