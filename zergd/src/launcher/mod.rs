@@ -1,5 +1,6 @@
 //! How workers are started and stopped: the [`Launcher`] trait, with a subprocess
-//! implementation ([`subprocess`]) and a Docker implementation ([`container`]).
+//! implementation ([`subprocess`]), a Docker implementation ([`container`]) and a Docker Swarm
+//! implementation ([`swarm`]).
 //!
 //! A launcher starts one `zerg-worker-agent` per call, reports its exit exactly once through the
 //! [`ExitSink`] it was given (the moment it happens, not at the next poll), and can stop a worker
@@ -7,6 +8,7 @@
 
 pub mod container;
 pub mod subprocess;
+pub mod swarm;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -108,10 +110,19 @@ pub fn remote_env(spec: &WorkerSpec) -> Vec<(String, String)> {
         (env::WORKTREE.into(), image::WORKSPACE.into()),
         (env::LOG_DIR.into(), image::LOG_MOUNT.into()),
         ("HOME".into(), image::HOME.into()),
-        ("CLAUDE_CONFIG_DIR".into(), format!("{}/.claude", image::HOME)),
-        ("GIT_AUTHOR_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        (
+            "CLAUDE_CONFIG_DIR".into(),
+            format!("{}/.claude", image::HOME),
+        ),
+        (
+            "GIT_AUTHOR_NAME".into(),
+            format!("zerg worker {}", spec.worker_id),
+        ),
         ("GIT_AUTHOR_EMAIL".into(), "zerg-worker@localhost".into()),
-        ("GIT_COMMITTER_NAME".into(), format!("zerg worker {}", spec.worker_id)),
+        (
+            "GIT_COMMITTER_NAME".into(),
+            format!("zerg worker {}", spec.worker_id),
+        ),
         ("GIT_COMMITTER_EMAIL".into(), "zerg-worker@localhost".into()),
     ];
     // Host files (a credentials file named by a variable) cannot follow a remote worker.
