@@ -1,6 +1,6 @@
 //! How workers are started and stopped: the [`Launcher`] trait, with a subprocess
-//! implementation ([`subprocess`]), a Docker implementation ([`container`]) and a Kubernetes
-//! implementation ([`kubernetes`]).
+//! implementation ([`subprocess`]), a Docker implementation ([`container`]), and, for workers
+//! that share no filesystem with zergd, Docker Swarm ([`swarm`]) and Kubernetes ([`kubernetes`]).
 //!
 //! A launcher starts one `zerg-worker-agent` per call, reports its exit exactly once through the
 //! [`ExitSink`] it was given (the moment it happens, not at the next poll), and can stop a worker
@@ -9,6 +9,7 @@
 pub mod container;
 pub mod kubernetes;
 pub mod subprocess;
+pub mod swarm;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -108,15 +108,9 @@ impl ContainerLauncher {
     ///
     /// The error says what to do when the engine is unreachable.
     pub async fn connect() -> Result<Self, SpawnError> {
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(|e| unreachable_error(&e))?
-            .with_timeout(ENGINE_TIMEOUT);
-        let docker = docker
-            .negotiate_version()
-            .await
-            .map_err(|e| unreachable_error(&e))?;
-        docker.ping().await.map_err(|e| unreachable_error(&e))?;
-        Ok(Self { docker })
+        Ok(Self {
+            docker: connect_engine().await?,
+        })
     }
 
     async fn check_image(&self, image: &str) -> Result<(), SpawnError> {
@@ -612,22 +606,37 @@ pub fn parse_worker_labels(labels: &HashMap<String, String>) -> Option<(u32, u64
     Some((worker, generation))
 }
 
+/// Connects to the local Docker engine (`DOCKER_HOST`, else `/var/run/docker.sock`), negotiates
+/// the API version (the engine may be older than the client) and pings it; the error says what
+/// to do when the engine is unreachable.
+pub(crate) async fn connect_engine() -> Result<Docker, SpawnError> {
+    let docker = Docker::connect_with_local_defaults()
+        .map_err(|e| unreachable_error(&e))?
+        .with_timeout(ENGINE_TIMEOUT);
+    let docker = docker
+        .negotiate_version()
+        .await
+        .map_err(|e| unreachable_error(&e))?;
+    docker.ping().await.map_err(|e| unreachable_error(&e))?;
+    Ok(docker)
+}
+
 // === Errors ===
 
-fn status(e: &DockerError) -> Option<u16> {
+pub(crate) fn status(e: &DockerError) -> Option<u16> {
     match e {
         DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
     }
 }
 
-fn missing_image(image: &str) -> SpawnError {
+pub(crate) fn missing_image(image: &str) -> SpawnError {
     SpawnError::new(format!(
         "image {image} not found: build it with zergctl image build (or zergctl image build --offline without a registry)"
     ))
 }
 
-fn unreachable_error(e: &DockerError) -> SpawnError {
+pub(crate) fn unreachable_error(e: &DockerError) -> SpawnError {
     let host =
         std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
     SpawnError::new(format!(
@@ -635,7 +644,7 @@ fn unreachable_error(e: &DockerError) -> SpawnError {
     ))
 }
 
-fn engine_error(what: &str, e: &DockerError) -> SpawnError {
+pub(crate) fn engine_error(what: &str, e: &DockerError) -> SpawnError {
     match e {
         DockerError::DockerResponseServerError { .. } | DockerError::DockerStreamError { .. } => {
             SpawnError::new(format!("{what}: {e}"))
@@ -647,7 +656,7 @@ fn engine_error(what: &str, e: &DockerError) -> SpawnError {
 mod host;
 mod spec;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::git::objects::WORKER_GIT_SUBDIR;
 use crate::git::objects::import_objects;

@@ -40,7 +40,7 @@ fn host_git() -> Option<PathBuf> {
 }
 
 /// Copies `file` (following symlinks) and the shared libraries `ldd` names into `root`.
-fn stage(root: &Path, file: &Path) {
+pub(crate) fn stage(root: &Path, file: &Path) {
     let mut files = vec![file.to_path_buf()];
     let out = std::process::Command::new("ldd")
         .arg(file)
