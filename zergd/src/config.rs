@@ -43,6 +43,8 @@ pub struct Config {
     pub container: ContainerConfig,
     /// The TCP worker plane of remote workers (swarm and kubernetes modes).
     pub remote: RemoteConfig,
+    /// Kubernetes mode: namespace, service account, resources, node selector.
+    pub kubernetes: crate::launcher::kubernetes::KubernetesSettings,
     /// Resource limits for container workers.
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.

@@ -280,6 +280,12 @@ impl Supervisor {
             }
         };
         let id = p.doc.rush.rush_id.clone();
+        if p.doc.rush.mode == Mode::Kubernetes
+            && let Ok(mut s) = self.launchers.kube_settings.lock()
+            && s.is_none()
+        {
+            *s = Some(p.config.kubernetes.clone());
+        }
         if p.doc.rush.mode.is_remote()
             && let Err(e) = self.ensure_remote_plane(&p.config.remote)
         {

@@ -53,6 +53,15 @@ impl Supervisor {
     /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only; and, for a
     /// remote rush, the TCP plane.
     pub(super) fn ensure_plane(&mut self, rush_id: &str) {
+        if let Some(r) = self
+            .rushes
+            .get(rush_id)
+            .filter(|r| r.doc.rush.mode == Mode::Kubernetes)
+            && let Ok(mut s) = self.launchers.kube_settings.lock()
+            && s.is_none()
+        {
+            *s = Some(r.config.kubernetes.clone());
+        }
         if let Some(cfg) = self
             .rushes
             .get(rush_id)

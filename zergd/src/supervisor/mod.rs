@@ -247,21 +247,62 @@ pub struct Settings {
 struct Launchers {
     subprocess: Arc<dyn Launcher>,
     container: Arc<tokio::sync::OnceCell<Arc<dyn Launcher>>>,
+    swarm: Arc<tokio::sync::OnceCell<Arc<dyn Launcher>>>,
+    kubernetes: Arc<tokio::sync::OnceCell<Arc<dyn Launcher>>>,
+    /// The `kubernetes:` settings of the first kubernetes rush: one zergd drives one cluster
+    /// namespace with one set of settings.
+    kube_settings: Arc<std::sync::Mutex<Option<crate::launcher::kubernetes::KubernetesSettings>>>,
 }
 
 impl Launchers {
-    async fn get(&self, mode: Mode) -> Result<Arc<dyn Launcher>, SpawnError> {
-        if mode != Mode::Container {
-            return Ok(self.subprocess.clone());
+    fn new(subprocess: Arc<dyn Launcher>, container: Option<Arc<dyn Launcher>>) -> Self {
+        Launchers {
+            subprocess,
+            container: Arc::new(tokio::sync::OnceCell::new_with(container)),
+            swarm: Arc::default(),
+            kubernetes: Arc::default(),
+            kube_settings: Arc::default(),
         }
-        self.container
-            .get_or_try_init(|| async {
-                ContainerLauncher::connect()
+    }
+
+    async fn get(&self, mode: Mode) -> Result<Arc<dyn Launcher>, SpawnError> {
+        match mode {
+            Mode::Subprocess => Ok(self.subprocess.clone()),
+            Mode::Container => self
+                .container
+                .get_or_try_init(|| async {
+                    ContainerLauncher::connect()
+                        .await
+                        .map(|c| Arc::new(c) as Arc<dyn Launcher>)
+                })
+                .await
+                .cloned(),
+            Mode::Swarm => self
+                .swarm
+                .get_or_try_init(|| async {
+                    crate::launcher::swarm::SwarmLauncher::connect()
+                        .await
+                        .map(|c| Arc::new(c) as Arc<dyn Launcher>)
+                })
+                .await
+                .cloned(),
+            Mode::Kubernetes => {
+                let settings = self
+                    .kube_settings
+                    .lock()
+                    .map(|s| s.clone())
+                    .unwrap_or_default()
+                    .unwrap_or_default();
+                self.kubernetes
+                    .get_or_try_init(|| async {
+                        crate::launcher::kubernetes::KubernetesLauncher::connect(settings)
+                            .await
+                            .map(|c| Arc::new(c) as Arc<dyn Launcher>)
+                    })
                     .await
-                    .map(|c| Arc::new(c) as Arc<dyn Launcher>)
-            })
-            .await
-            .cloned()
+                    .cloned()
+            }
+        }
     }
 }
 
@@ -326,7 +367,6 @@ impl Supervisor {
         container: Option<Arc<dyn Launcher>>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cell = tokio::sync::OnceCell::new_with(container);
         Supervisor {
             rushes: HashMap::new(),
             parked: HashMap::new(),
@@ -334,10 +374,7 @@ impl Supervisor {
             preparing: HashSet::new(),
             unloadable: Vec::new(),
             watchers: HashMap::new(),
-            launchers: Launchers {
-                subprocess,
-                container: Arc::new(cell),
-            },
+            launchers: Launchers::new(subprocess, container),
             planes: HashMap::new(),
             remote_plane: None,
             last_progress: HashMap::new(),
