@@ -125,6 +125,85 @@ pub fn docker_or_skip() -> bool {
     }
 }
 
+/// A single-node Docker swarm for one test (`docker swarm init --advertise-addr 127.0.0.1`, so
+/// its traffic stays on loopback). Tests in other processes that need one wait for this one to
+/// end (a lock directory under the temporary dir, taken over when its holder is gone), and the
+/// swarm is left again on drop if this session created it: a machine whose engine was in a
+/// swarm already stays in it.
+pub struct SwarmSession {
+    created: bool,
+    lock: std::path::PathBuf,
+}
+
+impl SwarmSession {
+    /// Takes the lock and makes sure the engine is a swarm manager.
+    pub fn start() -> Result<SwarmSession, String> {
+        let mut s = SwarmSession::lock()?;
+        s.ensure_active()?;
+        Ok(s)
+    }
+
+    /// Takes the lock only: the engine's swarm is as it was.
+    pub fn lock() -> Result<SwarmSession, String> {
+        let lock = std::env::temp_dir().join("zerg-test-swarm.lock");
+        let me = std::process::id().to_string();
+        loop {
+            match std::fs::create_dir(&lock) {
+                Ok(()) => {
+                    std::fs::write(lock.join("pid"), &me).map_err(|e| e.to_string())?;
+                    break;
+                }
+                Err(_) => {
+                    let holder = std::fs::read_to_string(lock.join("pid")).unwrap_or_default();
+                    let gone =
+                        !holder.is_empty() && !Path::new("/proc").join(holder.trim()).exists();
+                    if gone {
+                        let _ = std::fs::remove_dir_all(&lock);
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+        Ok(SwarmSession {
+            created: false,
+            lock,
+        })
+    }
+
+    /// Makes the engine a swarm manager unless it is one.
+    pub fn ensure_active(&mut self) -> Result<(), String> {
+        let state = |args: &[&str]| {
+            Command::new("docker")
+                .args(args)
+                .output()
+                .map_err(|e| e.to_string())
+        };
+        let info = state(&["info", "--format", "{{.Swarm.LocalNodeState}}"])?;
+        if String::from_utf8_lossy(&info.stdout).trim() != "active" {
+            let out = state(&["swarm", "init", "--advertise-addr", "127.0.0.1"])?;
+            if !out.status.success() {
+                return Err(format!(
+                    "docker swarm init failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            self.created = true;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SwarmSession {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = Command::new("docker")
+                .args(["swarm", "leave", "--force"])
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.lock);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,4 +12,5 @@ mod hostile;
 mod longrun;
 mod machines;
 mod realcli;
+mod remote;
 mod symbols;

@@ -37,7 +37,7 @@ pub const DEFAULT_TAG: &str = zerg_proto::contract::image::DEFAULT_TAG;
 /// Label holding the offline image's input hash.
 const HASH_LABEL: &str = "zerg.image.hash";
 /// Bump when the rootfs layout or image config changes, to invalidate cached images.
-const FORMAT_VERSION: &str = "zerg-worker-rootfs/2";
+const FORMAT_VERSION: &str = "zerg-worker-rootfs/3";
 /// The unprivileged user's uid and gid.
 const WORKER_UID: u32 = zerg_proto::contract::image::WORKER_UID;
 /// The Dockerfile for registry-backed builds.

@@ -6,15 +6,13 @@ use super::*;
 /// Assembles the offline root filesystem from the host.
 pub(super) fn offline_rootfs(agent: &Path, extras: &[PathBuf]) -> Result<Rootfs, ImageError> {
     let mut fs_ = Rootfs::default();
-    for d in [
-        "bin",
-        "etc",
-        "usr/local/bin",
-        "workspace",
-        "zerg/logs",
-        "zerg/run",
-    ] {
+    for d in ["bin", "etc", "usr/local/bin", "zerg/run"] {
         fs_.dir(d, 0o755, 0);
+    }
+    // Mount points in container mode; a remote worker (swarm, kubernetes), which has no
+    // mounts, keeps its own repository and logs there, as whichever uid runs it.
+    for d in ["workspace", "zerg/logs"] {
+        fs_.dir(d, 0o1777, WORKER_UID);
     }
     fs_.dir("tmp", 0o1777, 0);
     // Writable for whichever uid zergd picks (its own, or 10001).

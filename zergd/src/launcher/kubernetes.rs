@@ -351,6 +351,7 @@ impl Launcher for KubernetesLauncher {
     fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>> {
         let this = self.clone();
         Box::pin(async move {
+            spec.remote.check()?;
             let (name, uid) = this.create_worker(&spec).await?;
             tracing::info!(job = %name, namespace = %this.settings.namespace, image = %spec.container.image, "worker Job created");
             let watcher = this.clone();

@@ -70,6 +70,19 @@ pub struct RemoteSpec {
     pub ca_pem: String,
 }
 
+impl RemoteSpec {
+    /// Refuses to start a remote worker that could not reach zergd: the TCP plane is not
+    /// serving.
+    pub fn check(&self) -> Result<(), SpawnError> {
+        if self.plane_url.is_empty() || self.ca_pem.is_empty() {
+            return Err(SpawnError::new(
+                "zergd's TCP worker plane is not serving (zergd's log says why: remote.listen in use, or the TLS files of remote.tls_*), so a remote worker could not reach it",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Container-mode settings from the rush config.
 #[derive(Debug, Clone, Default)]
 pub struct ContainerSpec {
@@ -109,6 +122,11 @@ pub fn remote_env(spec: &WorkerSpec) -> Vec<(String, String)> {
         (env::FEATURE.into(), spec.feature.clone()),
         (env::BRANCH.into(), spec.branch.clone()),
         (env::WORKTREE.into(), image::WORKSPACE.into()),
+        // The spec as committed in the base the worker checks out.
+        (
+            env::SPEC_DIR.into(),
+            format!("{}/.gsd/specs/{}", image::WORKSPACE, spec.feature),
+        ),
         (env::LOG_DIR.into(), image::LOG_MOUNT.into()),
         ("HOME".into(), image::HOME.into()),
         (

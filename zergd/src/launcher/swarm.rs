@@ -459,6 +459,7 @@ impl Launcher for SwarmLauncher {
     fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>> {
         let this = self.clone();
         Box::pin(async move {
+            spec.remote.check()?;
             let name = service_name(&spec);
             let image = image_of(&spec);
             let mut retried = false;

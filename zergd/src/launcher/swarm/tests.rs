@@ -272,8 +272,8 @@ fn cli(args: &[&str]) -> Result<String, String> {
 /// A single-node swarm for the test: left again on drop if the test created it, after
 /// removing whatever of the test's rush is left if the test failed half-way.
 struct SwarmGuard {
-    created: bool,
     rush: String,
+    _swarm: zerg_proto::testkit::SwarmSession,
 }
 
 impl SwarmGuard {
@@ -281,18 +281,21 @@ impl SwarmGuard {
         cli(&["info", "--format", "{{.Swarm.LocalNodeState}}"]).unwrap_or_default()
     }
 
-    fn ensure(rush: &str) -> Result<Self, String> {
-        let rush = rush.to_string();
-        if Self::swarm_state() == "active" {
-            return Ok(Self {
-                created: false,
-                rush,
-            });
+    /// Takes the test swarm's lock; checks, while the engine is not a swarm yet, that the
+    /// launcher refuses to connect and says what to do; then makes it one.
+    async fn ensure(rush: &str) -> Result<Self, String> {
+        let mut swarm = zerg_proto::testkit::SwarmSession::lock()?;
+        if Self::swarm_state() != "active" {
+            let err = SwarmLauncher::connect()
+                .await
+                .err()
+                .ok_or("connected without a swarm")?;
+            assert!(err.message.contains("docker swarm init"), "{err}");
         }
-        cli(&["swarm", "init", "--advertise-addr", "127.0.0.1"])?;
+        swarm.ensure_active()?;
         Ok(Self {
-            created: true,
-            rush,
+            rush: rush.to_string(),
+            _swarm: swarm,
         })
     }
 }
@@ -307,11 +310,6 @@ impl Drop for SwarmGuard {
             }
         }
         let _ = cli(&["image", "rm", "--force", TEST_IMAGE]);
-        if self.created
-            && let Err(e) = cli(&["swarm", "leave", "--force"])
-        {
-            eprintln!("cannot leave the test's swarm: {e}");
-        }
     }
 }
 
@@ -448,12 +446,8 @@ async fn real_swarm_lifecycle() {
     if !docker_or_skip() {
         return;
     }
-    if SwarmGuard::swarm_state() != "active" {
-        let err = SwarmLauncher::connect().await.unwrap_err();
-        assert!(err.message.contains("docker swarm init"), "{err}");
-    }
     let rush = format!("swarm-test-{}", std::process::id());
-    let _swarm = match SwarmGuard::ensure(&rush) {
+    let _swarm = match SwarmGuard::ensure(&rush).await {
         Ok(g) => g,
         Err(e) => {
             assert!(

@@ -1,0 +1,169 @@
+//! Remote workers on a real single-node Docker swarm (issue: workers past one host): services
+//! that share no filesystem with zergd fetch their base over the TCP worker plane (TLS, zergd's
+//! own CA), push their commits as packs, and survive a killed container and a `kill -9` of
+//! zergd. The swarm is created on 127.0.0.1 for the test and left again if the test created it.
+//!
+//! These tests skip, saying why, when no engine is reachable; with `ZERG_REQUIRE_DOCKER=1` (set
+//! by CI when the engine is present) they fail instead.
+
+use serde_json::json;
+use zerg_proto::testkit::SwarmSession;
+use zerg_tests::*;
+
+use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready};
+
+/// A free TCP port on loopback for the plane.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The swarm for a test, or `None` (skipped) without an engine.
+fn swarm() -> Option<SwarmSession> {
+    if !docker_ready() {
+        return None;
+    }
+    match SwarmSession::start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            assert!(
+                std::env::var("ZERG_REQUIRE_DOCKER").as_deref() != Ok("1"),
+                "ZERG_REQUIRE_DOCKER=1 but the engine cannot be a swarm: {e}"
+            );
+            skip(&format!("the engine cannot be a swarm: {e}"));
+            None
+        }
+    }
+}
+
+/// The config of a swarm rush: container mode's, with the plane on a port of its own.
+fn swarm_cfg(port: u16) -> Config {
+    container_cfg(IMAGE)
+        .set("remote.listen", format!("127.0.0.1:{port}"))
+        .set("container.network", "host")
+}
+
+/// Services, secrets and configs labelled with the rush.
+fn swarm_objects(rush_id: &str) -> Vec<String> {
+    let filter = format!("label=zerg.rush={rush_id}");
+    ["service", "secret", "config"]
+        .iter()
+        .flat_map(|kind| {
+            docker(&[kind, "ls", "-q", "--filter", &filter])
+                .lines()
+                .map(|l| format!("{kind} {l}"))
+                .collect::<Vec<_>>()
+        })
+        .filter(|l| !l.ends_with(' '))
+        .collect()
+}
+
+fn wait_nothing_left(rush_id: &str) {
+    assert!(
+        poll(T, || swarm_objects(rush_id).is_empty()),
+        "left behind: {:?}",
+        swarm_objects(rush_id)
+    );
+}
+
+/// The running container of a worker's service.
+fn container_of_service(service: &str) -> Option<String> {
+    let filter = format!("label=com.docker.swarm.service.id={service}");
+    docker(&["ps", "-q", "--filter", &filter])
+        .lines()
+        .next()
+        .map(str::to_string)
+        .filter(|s| !s.is_empty())
+}
+
+fn start_swarm_rush(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
+    let n = workers.to_string();
+    let out = d.ctl_in(
+        &repo.path,
+        &[
+            "rush",
+            feature,
+            "--workers",
+            &n,
+            "--mode",
+            "swarm",
+            "--detach",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+}
+
+#[test]
+fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let repo = TestRepo::new();
+    repo.write_graph("sw", &graph_12("sw"));
+    repo.configure(&swarm_cfg(free_port()));
+    repo.write_script(
+        "sw",
+        &json!({
+            "default": [{"op": "tick", "count": 4, "interval_ms": 100}, {"op": "write_owned"}],
+            "tasks": {
+                // Reads the committed spec from the checkout the worker fetched.
+                "G-L1-001": [
+                    {"op": "shell", "command": "mkdir -p l1 && cat \"$ZERG_SPEC_DIR/task-graph.json\" > l1/a1.txt"}
+                ],
+                "G-L2-001": {"attempts": [
+                    [{"op": "tick", "count": 600, "interval_ms": 100}],
+                    [{"op": "write_owned"}]
+                ]}
+            }
+        }),
+    );
+    let mut ctx = cdaemon();
+    let d = &mut ctx.d;
+    start_swarm_rush(d, &repo, "sw", 3);
+    let st = d.wait_for(&repo.path, "sw", T, "G-L2-001 in its agent CLI", |s| {
+        running_worker(s, "G-L2-001").is_some_and(|w| w.container_id.is_some())
+            && s["workers"].as_object().is_some_and(|w| {
+                w.values()
+                    .any(|x| x["current_task"] == "G-L2-001" && x["step"] == "implementing")
+            })
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    assert_eq!(st["mode"], "swarm");
+    let service = running_worker(&st, "G-L2-001")
+        .and_then(|w| w.container_id)
+        .unwrap();
+    let container = container_of_service(&service).expect("the worker's container runs");
+    // The token is a mounted secret, not a variable of the container.
+    let env = docker(&["inspect", "--format", "{{json .Config.Env}}", &container]);
+    assert!(env.contains("ZERG_WORKER_TOKEN_FILE"), "{env}");
+    assert!(!env.contains("ZERG_WORKER_TOKEN="), "{env}");
+    docker(&["kill", &container]);
+    // zergd is killed too, while the swarm still runs the other workers' services.
+    d.kill9();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    d.restart();
+    let st = d.wait_end(&repo.path, "sw", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/sw/staging"), graph_12_ids());
+    assert_eq!(
+        repo.spec_tree("zerg/sw/staging", "sw"),
+        repo.spec_tree("main", "sw")
+    );
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/sw/staging:l1/a1.txt"]),
+        git(&repo.path, &["show", "main:.gsd/specs/sw/task-graph.json"]),
+        "the worker did not read the committed spec from its checkout"
+    );
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(log.contains("zergd restarted; resuming rush sw"), "{log}");
+    wait_nothing_left(&rush_id);
+    git(&repo.path, &["fsck", "--no-progress"]);
+}
