@@ -13,7 +13,7 @@
 //! docs/benchmarks.md; a scenario that cannot run here reports why instead.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,8 +29,9 @@ const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_g
 
 /// Scenario names for `--only`, in the order they run. `vs_original` runs only when `--only`
 /// names it or with `--vs-original`.
-const SCENARIOS: [&str; 16] = [
+const SCENARIOS: [&str; 17] = [
     "git",
+    "transfer",
     "demo",
     "throughput",
     "processes",
@@ -126,6 +127,16 @@ fn main() {
             "git_commit_limit_per_s",
             runs(&opts, || git_commit_limit(&opts)),
         );
+    }
+    if want("transfer") {
+        match transfer() {
+            Ok(m) => {
+                for (k, v) in m {
+                    record(&mut results, k, json!(v));
+                }
+            }
+            Err(e) => record(&mut results, "transfer_task_result_kb", json!({"error": e})),
+        }
     }
     let several = |results: &mut BTreeMap<String, Value>,
                    keys: &[&'static str],
@@ -2157,4 +2168,147 @@ fn restart_500() -> Value {
         }
         None => json!({"error": "zergd did not answer list within 60 s", "completed": false}),
     }
+}
+
+/// The tokio crate's sources from cargo's registry (the version this workspace builds with):
+/// a repository of real size that CI has without the network.
+fn tokio_sources() -> Result<PathBuf, String> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(home.join("registry/src"))
+        .map_err(|e| format!("cargo's registry: {e}"))?
+        .flatten()
+        .flat_map(|index| {
+            std::fs::read_dir(index.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("tokio-"))
+                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .ok_or_else(|| "no tokio sources in cargo's registry".into())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)?.flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let t = e.file_type()?;
+        if t.is_dir() {
+            bytes += copy_tree(&src, &dst)?;
+        } else if t.is_file() {
+            bytes += std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(bytes)
+}
+
+/// Appends `lines` lines of code to `rel` in `repo`.
+fn grow(repo: &Path, rel: &str, lines: usize, tag: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(repo.join(rel))
+        .expect("open");
+    for i in 0..lines {
+        writeln!(
+            f,
+            "pub fn {tag}_{i}(x: u64) -> u64 {{ x.wrapping_mul({i}) ^ 0x5bd1e995 }}"
+        )
+        .expect("write");
+    }
+}
+
+/// What crosses the worker plane in swarm and kubernetes modes, measured on the tokio crate's
+/// sources committed as a repository: the first depth-one snapshot a worker fetches, a task's
+/// thin pack pushed back (one file changed, one added), and the fetch of a base that moved by a
+/// level (eight files changed by other workers), each as the bytes of the pack.
+fn transfer() -> Result<BTreeMap<&'static str, f64>, String> {
+    use zerg_git::transfer::store_fetched;
+    let src = tokio_sources()?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let origin = dir.path().join("origin");
+    let tree_bytes = copy_tree(&src, &origin).map_err(|e| e.to_string())?;
+    let g = |r: &Path, args: &[&str]| zerg_proto::testkit::git(r, args);
+    g(&origin, &["init", "-q", "-b", "main"]);
+    g(&origin, &["add", "-A"]);
+    g(&origin, &["commit", "-q", "-m", "tokio"]);
+    let files: Vec<String> = g(&origin, &["ls-files", "src/*.rs"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    if files.len() < 10 {
+        return Err("too few source files".into());
+    }
+    let base = g(&origin, &["rev-parse", "HEAD"]);
+    let repo = zerg_git::Repo::open(&origin).map_err(|e| e.to_string())?;
+    let spool = |f: &dyn Fn(std::fs::File) -> Result<u64, zerg_git::Error>| {
+        let file = tempfile::tempfile().map_err(|e| e.to_string())?;
+        let n = f(file.try_clone().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        use std::io::Seek;
+        let mut file = file;
+        file.rewind().map_err(|e| e.to_string())?;
+        Ok::<_, String>((file, n))
+    };
+    // The first snapshot.
+    let objects = repo
+        .snapshot_objects(std::slice::from_ref(&base), &[])
+        .map_err(|e| e.to_string())?;
+    let (pack, first) = spool(&|f| repo.write_pack(&objects, f))?;
+    let worker = dir.path().join("worker");
+    std::fs::create_dir_all(&worker).map_err(|e| e.to_string())?;
+    g(&worker, &["init", "-q"]);
+    store_fetched(&worker.join(".git"), pack, std::slice::from_ref(&base))?;
+    g(&worker, &["reset", "-q", "--hard", &base]);
+    // A task: one file grows, one is new.
+    grow(&worker, &files[0], 20, "task");
+    grow(&worker, "src/zerg_task.rs", 100, "added");
+    g(&worker, &["add", "-A"]);
+    g(
+        &worker,
+        &[
+            "-c",
+            "user.name=w",
+            "-c",
+            "user.email=w@x",
+            "commit",
+            "-q",
+            "-m",
+            "task",
+        ],
+    );
+    let commit = g(&worker, &["rev-parse", "HEAD"]);
+    let wrepo = zerg_git::Repo::open(&worker).map_err(|e| e.to_string())?;
+    let (_, task) = spool(&|f| wrepo.write_thin_pack(&base, &commit, f))?;
+    // A level of other workers: eight files change on zergd's side.
+    for (i, f) in files.iter().skip(1).take(8).enumerate() {
+        grow(&origin, f, 20, &format!("level_{i}"));
+    }
+    g(&origin, &["commit", "-q", "-am", "level"]);
+    let moved = g(&origin, &["rev-parse", "HEAD"]);
+    let repo = zerg_git::Repo::open(&origin).map_err(|e| e.to_string())?;
+    let objects = repo
+        .snapshot_objects(std::slice::from_ref(&moved), std::slice::from_ref(&base))
+        .map_err(|e| e.to_string())?;
+    let (_, base_move) = spool(&|f| repo.write_pack(&objects, f))?;
+    let kb = |b: u64| (b as f64 / 1024.0 * 10.0).round() / 10.0;
+    Ok(BTreeMap::from([
+        ("transfer_source_tree_kb", kb(tree_bytes)),
+        ("transfer_first_snapshot_kb", kb(first)),
+        ("transfer_task_result_kb", kb(task)),
+        ("transfer_base_move_kb", kb(base_move)),
+    ]))
 }

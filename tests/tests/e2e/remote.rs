@@ -167,3 +167,58 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     wait_nothing_left(&rush_id);
     git(&repo.path, &["fsck", "--no-progress"]);
 }
+
+/// A rush on a real Kubernetes cluster. It runs only when `ZERG_TEST_KUBECONFIG` names a
+/// kubeconfig; without one it is skipped (also under CI: this machine has no cluster). The
+/// cluster must be able to run `ZERG_TEST_K8S_IMAGE` (default `zerg-worker:e2e`, which
+/// `zergctl image build --offline` makes and, on kind, `kind load docker-image` loads), and its
+/// pods must reach `ZERG_TEST_K8S_ADVERTISE_URL` (zergd's plane, listening on
+/// `ZERG_TEST_K8S_LISTEN`, default `0.0.0.0:7447`). `ZERG_TEST_K8S_NAMESPACE` defaults to
+/// `default`.
+#[test]
+fn a_twelve_task_rush_on_a_kubernetes_cluster() {
+    let Some(kubeconfig) = std::env::var_os("ZERG_TEST_KUBECONFIG").filter(|v| !v.is_empty())
+    else {
+        eprintln!("SKIPPED: ZERG_TEST_KUBECONFIG names no cluster's kubeconfig");
+        return;
+    };
+    let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let Ok(url) = std::env::var("ZERG_TEST_K8S_ADVERTISE_URL") else {
+        panic!(
+            "ZERG_TEST_KUBECONFIG is set: ZERG_TEST_K8S_ADVERTISE_URL must say how pods reach zergd"
+        );
+    };
+    if !docker_ready() {
+        return;
+    }
+    let repo = TestRepo::new();
+    repo.write_graph("kc", &graph_12("kc"));
+    repo.configure(
+        &container_cfg(&var("ZERG_TEST_K8S_IMAGE", IMAGE))
+            .set("remote.listen", var("ZERG_TEST_K8S_LISTEN", "0.0.0.0:7447"))
+            .set("remote.advertise_url", url)
+            .set(
+                "kubernetes.namespace",
+                var("ZERG_TEST_K8S_NAMESPACE", "default"),
+            )
+            .set("kubernetes.image_pull_policy", "IfNotPresent"),
+    );
+    let d = Daemon::start_with_env(vec![(
+        "KUBECONFIG".into(),
+        kubeconfig.to_string_lossy().into_owned(),
+    )]);
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", "kc", "--workers", "3", "--mode", "kubernetes"],
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let st = d.status(&repo.path, "kc").unwrap();
+    assert_eq!(st["state"], "complete", "{st}");
+    assert_eq!(st["mode"], "kubernetes");
+    assert_eq!(repo.task_ids_on("zerg/kc/staging"), graph_12_ids());
+}
