@@ -273,6 +273,41 @@ impl Repo {
                 "commit {commit} changes the rush's spec ({protected}), which tasks must not touch"
             ));
         }
+        self.check_complete(base, commit)
+    }
+
+    /// Refuses a commit whose tree is not all in the repository: every tree and blob it has
+    /// that `base` does not must be there, or the level merge would fail on it later (a
+    /// worker's objects that were never imported, a pack that left one out).
+    fn check_complete(&self, base: &str, commit: &str) -> Result<(), String> {
+        let incomplete = |why: String| format!("commit {commit} is incomplete: {why}");
+        let old = self.tree_of(base).map_err(|e| e.to_string())?;
+        let new = self
+            .tree_of(commit)
+            .map_err(|e| incomplete(e.message.clone()))?;
+        let changes = self
+            .tree_changes(&old, &new, &format!("compare {base} with {commit}"))
+            .map_err(|e| incomplete(e.message.clone()))?;
+        use gix::diff::tree::recorder::Change;
+        for c in changes {
+            if let Change::Addition {
+                entry_mode,
+                oid,
+                path,
+                ..
+            }
+            | Change::Modification {
+                entry_mode,
+                oid,
+                path,
+                ..
+            } = c
+                && !entry_mode.is_commit()
+                && self.repo.find_header(oid).is_err()
+            {
+                return Err(incomplete(format!("object {oid} ({path}) is missing")));
+            }
+        }
         Ok(())
     }
 

@@ -623,3 +623,25 @@ fn zergd_ignores_git_variables_of_its_own_environment() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_commit_whose_objects_are_not_all_there_is_refused() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let c = commit_on(&r, "w", &base, "src/new.rs", "pub fn new_one() {}\n");
+        let repo = Repo::open(&r).unwrap();
+        repo.check_task_commit(&base, &c, ".gsd/specs/f").unwrap();
+        // The new blob goes missing (an import that skipped it).
+        let blob = git(&r, &["rev-parse", &format!("{c}:src/new.rs")]);
+        let loose = r.join(".git/objects").join(&blob[..2]).join(&blob[2..]);
+        std::fs::remove_file(&loose).unwrap();
+        let repo = Repo::open(&r).unwrap();
+        let why = repo
+            .check_task_commit(&base, &c, ".gsd/specs/f")
+            .unwrap_err();
+        assert!(
+            why.contains("is incomplete") && why.contains("src/new.rs"),
+            "{why}"
+        );
+    }
+}

@@ -14,6 +14,11 @@
 //!   compressed) under its real SHA-1 name into the object dir `D`.
 //! - `spam --path P --bytes N`: writes `N` bare newlines, two bytes that are not UTF-8 and a
 //!   marker line to `P` (the container's own output: `/proc/1/fd/1`).
+//! - `push --task T --lease L --other-task T2 --other-lease L2`: from inside a remote worker
+//!   (swarm or kubernetes mode), with the worker's own plane URL, CA and token, pushes hostile
+//!   packs for lease `L` of task `T`: corrupt bytes, a size over any cap, a commit off the base,
+//!   a commit that changes the spec, a good commit under another worker's lease `L2`, and one
+//!   without the token; prints whether each was refused and why.
 //!
 //! Each prints one JSON line saying what it did.
 
@@ -186,7 +191,8 @@ fn main() -> std::process::ExitCode {
         Some("flood") => flood(&args),
         Some("bomb") => bomb(&args),
         Some("spam") => spam(&args),
-        _ => Err("usage: zerg-attack swap-file|swap-dir|link|flood|bomb|spam ...".into()),
+        Some("push") => push(&args),
+        _ => Err("usage: zerg-attack swap-file|swap-dir|link|flood|bomb|spam|push ...".into()),
     };
     match r {
         Ok(v) => {
@@ -198,4 +204,199 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Runs git in the worker's repository (`/workspace`, or `ZERG_WORKTREE`) with `env`, feeding
+/// `input`; returns its trimmed stdout.
+fn wgit(args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Result<Vec<u8>, String> {
+    let wt = std::env::var("ZERG_WORKTREE").unwrap_or_else(|_| "/workspace".into());
+    let mut c = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&wt)
+        .args(["-c", "user.name=attack", "-c", "user.email=attack@x"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(input)
+        .map_err(|e| e.to_string())?;
+    let out = c.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out.stdout)
+}
+
+fn wgit_str(args: &[&str], env: &[(&str, &str)], input: &[u8]) -> Result<String, String> {
+    Ok(String::from_utf8_lossy(&wgit(args, env, input)?)
+        .trim()
+        .to_string())
+}
+
+/// A commit on the worker's `HEAD` whose tree has `path` set to `content`.
+fn commit_changing(path: &str, content: &str) -> Result<String, String> {
+    let idx = std::env::temp_dir().join(format!("zerg-attack-index-{}", std::process::id()));
+    let idx = idx.to_string_lossy().to_string();
+    let env = [("GIT_INDEX_FILE", idx.as_str())];
+    wgit(&["read-tree", "HEAD"], &env, b"")?;
+    let blob = wgit_str(&["hash-object", "-w", "--stdin"], &env, content.as_bytes())?;
+    let info = format!("100644,{blob},{path}");
+    wgit(&["update-index", "--add", "--cacheinfo", &info], &env, b"")?;
+    let tree = wgit_str(&["write-tree"], &env, b"")?;
+    let _ = std::fs::remove_file(&idx);
+    wgit_str(
+        &["commit-tree", &tree, "-p", "HEAD", "-m", "attack"],
+        &[],
+        b"",
+    )
+}
+
+/// A thin pack of `HEAD..commit` (or, with `orphan`, all of `commit`).
+fn pack_of(commit: &str, orphan: bool) -> Result<Vec<u8>, String> {
+    let revs = if orphan {
+        format!("{commit}\n")
+    } else {
+        format!("{commit}\n^HEAD\n")
+    };
+    wgit(
+        &["pack-objects", "--stdout", "-q", "--revs", "--thin"],
+        &[],
+        revs.as_bytes(),
+    )
+}
+
+fn push(args: &[String]) -> Result<serde_json::Value, String> {
+    use zerg_proto::v1;
+    let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
+    let (url, ca) = (var("ZERG_PLANE_URL")?, var("ZERG_PLANE_CA")?);
+    let ca = std::fs::read_to_string(ca).map_err(|e| e.to_string())?;
+    let token = std::fs::read_to_string(var("ZERG_WORKER_TOKEN_FILE")?)
+        .map_err(|e| e.to_string())?
+        .trim()
+        .to_string();
+    let me = v1::WorkerRef {
+        rush_id: var("ZERG_RUSH_ID")?,
+        worker_id: var("ZERG_WORKER_ID")?
+            .parse()
+            .map_err(|_| "ZERG_WORKER_ID")?,
+        generation: var("ZERG_GENERATION")?
+            .parse()
+            .map_err(|_| "ZERG_GENERATION")?,
+    };
+    let (task, lease) = (arg(args, "--task")?, arg(args, "--lease")?);
+    let (other_task, other_lease) = (arg(args, "--other-task")?, arg(args, "--other-lease")?);
+    let feature = var("ZERG_FEATURE")?;
+    // The packs, made with the worker's own git from the base it checked out.
+    let spec_commit = commit_changing(&format!(".gsd/specs/{feature}/task-graph.json"), "{}\n")?;
+    let good_commit = commit_changing("attack.txt", "a file of its own\n")?;
+    let empty_tree = wgit_str(&["mktree"], &[], b"")?;
+    let orphan = wgit_str(&["commit-tree", &empty_tree, "-m", "orphan"], &[], b"")?;
+    let mut corrupt = b"PACK\0\0\0\x02\0\0\0\x01".to_vec();
+    corrupt.extend(std::iter::repeat_n(0xa5u8, 4096));
+    // (name, task, lease, commit, pack, announced size, with the token)
+    let cases: Vec<(&str, &str, &str, String, Vec<u8>, Option<u64>, bool)> = vec![
+        (
+            "corrupt",
+            &task,
+            &lease,
+            good_commit.clone(),
+            corrupt,
+            None,
+            true,
+        ),
+        (
+            "oversize",
+            &task,
+            &lease,
+            good_commit.clone(),
+            vec![0u8; 16],
+            Some(1 << 40),
+            true,
+        ),
+        (
+            "off_base",
+            &task,
+            &lease,
+            orphan.clone(),
+            pack_of(&orphan, true)?,
+            None,
+            true,
+        ),
+        (
+            "spec_change",
+            &task,
+            &lease,
+            spec_commit.clone(),
+            pack_of(&spec_commit, false)?,
+            None,
+            true,
+        ),
+        (
+            "other_lease",
+            &other_task,
+            &other_lease,
+            good_commit.clone(),
+            pack_of(&good_commit, false)?,
+            None,
+            true,
+        ),
+        (
+            "no_token",
+            &task,
+            &lease,
+            good_commit.clone(),
+            pack_of(&good_commit, false)?,
+            None,
+            false,
+        ),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+        let ch = Endpoint::from_shared(url.clone())
+            .map_err(|e| e.to_string())?
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca)))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let mut out = serde_json::Map::new();
+        for (name, task, lease, commit, pack, announced, with_token) in cases {
+            let first = v1::PushChunk {
+                worker: Some(me.clone()),
+                lease_id: lease.to_string(),
+                task_id: task.to_string(),
+                commit,
+                pack_bytes: announced.unwrap_or(pack.len() as u64),
+                data: pack,
+            };
+            let mut req = tonic::Request::new(tokio_stream::iter(vec![first]));
+            if with_token {
+                let v = format!("Bearer {token}").parse().map_err(|_| "token")?;
+                req.metadata_mut().insert("authorization", v);
+            }
+            let mut client = v1::worker_client::WorkerClient::new(ch.clone());
+            let r = client.push_objects(req).await;
+            out.insert(
+                name.to_string(),
+                match r {
+                    Ok(_) => json!({"refused": false}),
+                    Err(s) => json!({"refused": true, "code": format!("{:?}", s.code()), "message": s.message()}),
+                },
+            );
+        }
+        Ok::<_, String>(json!({"attack": "push", "results": out}))
+    })
 }

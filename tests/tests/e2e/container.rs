@@ -13,7 +13,7 @@ use zerg_tests::*;
 pub(crate) const T: Duration = Duration::from_secs(240);
 pub(crate) const IMAGE: &str = "zerg-worker:e2e";
 
-/// Builds the test image once (offline: host binaries plus the fake agent CLI; cached by the
+/// Builds the test image once (offline: host binaries plus the fake agent CLI and `zerg-attack`; cached by the
 /// builder). Returns false when no engine answers `docker info` and skipping is allowed
 /// ([`docker_or_skip`]).
 pub(crate) fn docker_ready() -> bool {
@@ -25,6 +25,9 @@ pub(crate) fn docker_ready() -> bool {
         let out = Command::new(bin("zergctl"))
             .args(["image", "build", "--offline", "--tag", IMAGE, "--with"])
             .arg(bin("fake-claude"))
+            // What hostile code inside a remote worker runs (it has no mounts to bring it in).
+            .arg("--with")
+            .arg(bin("zerg-attack"))
             .arg("--agent")
             .arg(bin("zerg-worker-agent"))
             .output()

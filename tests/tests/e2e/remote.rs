@@ -168,6 +168,99 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     git(&repo.path, &["fsck", "--no-progress"]);
 }
 
+#[test]
+fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let repo = TestRepo::new();
+    repo.write_graph("hp", &graph_12("hp"));
+    repo.configure(&swarm_cfg(free_port()));
+    // Two tasks hold their leases long enough for the attack.
+    let hold = json!([{"op": "tick", "count": 300, "interval_ms": 100}, {"op": "write_owned"}]);
+    repo.write_script(
+        "hp",
+        &json!({"tasks": {"G-L1-001": hold.clone(), "G-L1-002": hold}}),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    start_swarm_rush(d, &repo, "hp", 2);
+    let st = d.wait_for(
+        &repo.path,
+        "hp",
+        T,
+        "both long tasks in their agent CLI",
+        |s| {
+            ["G-L1-001", "G-L1-002"].iter().all(|t| {
+                s["workers"].as_object().is_some_and(|w| {
+                    w.values()
+                        .any(|x| x["current_task"] == *t && x["step"] == "implementing")
+                })
+            })
+        },
+    );
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    let service = running_worker(&st, "G-L1-001")
+        .and_then(|w| w.container_id)
+        .unwrap();
+    let container = container_of_service(&service).expect("the worker's container runs");
+    let out = docker(&[
+        "exec",
+        &container,
+        "/usr/local/bin/zerg-attack",
+        "push",
+        "--task",
+        "G-L1-001",
+        "--lease",
+        "G-L1-001#1",
+        "--other-task",
+        "G-L1-002",
+        "--other-lease",
+        "G-L1-002#1",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let r = &v["results"];
+    let expect = [
+        ("corrupt", "index-pack"),
+        ("oversize", "bytes allowed"),
+        ("off_base", "does not descend"),
+        ("spec_change", "spec"),
+        ("other_lease", "lease"),
+        ("no_token", "token"),
+    ];
+    for (case, why) in expect {
+        assert_eq!(r[case]["refused"], true, "{case} was not refused: {v}");
+        let msg = r[case]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(why), "{case}: {msg}");
+    }
+    // The rush goes on and completes; nothing of the attack is on staging.
+    let st = d.wait_end(&repo.path, "hp", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/hp/staging"), graph_12_ids());
+    assert_eq!(
+        repo.spec_tree("zerg/hp/staging", "hp"),
+        repo.spec_tree("main", "hp")
+    );
+    assert!(
+        !repo
+            .files_on("zerg/hp/staging")
+            .iter()
+            .any(|f| f == "attack.txt")
+    );
+    // The refusals under the worker's own lease are events of the rush, with the reason.
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    let refused = log
+        .lines()
+        .filter(|l| l.contains("pushed objects for G-L1-001 that zergd refused"))
+        .count();
+    assert_eq!(refused, 4, "{log}");
+    assert!(
+        log.contains("does not descend from the task's base commit"),
+        "{log}"
+    );
+    wait_nothing_left(&rush_id);
+}
+
 /// A rush on a real Kubernetes cluster. It runs only when `ZERG_TEST_KUBECONFIG` names a
 /// kubeconfig; without one it is skipped (also under CI: this machine has no cluster). The
 /// cluster must be able to run `ZERG_TEST_K8S_IMAGE` (default `zerg-worker:e2e`, which

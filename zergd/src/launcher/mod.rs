@@ -59,6 +59,9 @@ pub struct WorkerSpec {
     /// How a worker that shares no filesystem with zergd reaches it (swarm and kubernetes
     /// modes); empty in the local modes.
     pub remote: RemoteSpec,
+    /// How long a stopped worker has to exit before it is killed
+    /// (`workers.stop_grace_seconds`); a swarm service is created with it.
+    pub stop_grace: Duration,
 }
 
 /// The TCP worker plane as a remote worker sees it.

@@ -211,7 +211,13 @@ impl SwarmLauncher {
             config_id: config.clone(),
             config_name,
         };
-        let body = service_spec(spec, name, &refs, self.stop_grace);
+        // The rush's own grace (`workers.stop_grace_seconds`) when it has one.
+        let grace = if spec.stop_grace.is_zero() {
+            self.stop_grace
+        } else {
+            spec.stop_grace
+        };
+        let body = service_spec(spec, name, &refs, grace);
         let created = self.docker.create_service(body, None).await;
         match created {
             Ok(r) if r.id.as_deref().is_some_and(|id| !id.is_empty()) => {

@@ -315,6 +315,7 @@ impl Supervisor {
                 log_max_bytes: r.config.container.log_max_size.0 as u64,
             },
             env_passthrough: r.config.agent.env_passthrough.clone(),
+            stop_grace: r.config.workers.stop_grace_seconds,
             remote: match &self.remote_plane {
                 Some(p) if r.doc.rush.mode.is_remote() => crate::launcher::RemoteSpec {
                     plane_url: p.url.clone(),

@@ -588,6 +588,7 @@ mod tests {
             },
             env_passthrough: vec![],
             remote: Default::default(),
+            stop_grace: std::time::Duration::from_secs(10),
         }
     }
 

@@ -123,6 +123,7 @@ fn spec() -> WorkerSpec {
             ..ContainerSpec::default()
         },
         env_passthrough: vec![],
+        stop_grace: std::time::Duration::from_secs(10),
         remote: crate::launcher::RemoteSpec {
             plane_url: "https://zergd.example:7443".into(),
             ca_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into(),
