@@ -118,10 +118,9 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
                 "G-L1-001": [
                     {"op": "shell", "command": "mkdir -p l1 && cat \"$ZERG_SPEC_DIR/task-graph.json\" > l1/a1.txt"}
                 ],
-                "G-L2-001": {"attempts": [
-                    [{"op": "tick", "count": 600, "interval_ms": 100}],
-                    [{"op": "write_owned"}]
-                ]}
+                // Long enough to be killed in the middle (attempts are counted per container,
+                // so every attempt runs this).
+                "G-L2-001": [{"op": "tick", "count": 100, "interval_ms": 100}, {"op": "write_owned"}]
             }
         }),
     );
@@ -164,6 +163,10 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     );
     let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
     assert!(log.contains("zergd restarted; resuming rush sw"), "{log}");
+    // The killed container's task was reassigned, and the other workers' services were
+    // re-adopted, not respawned.
+    assert_eq!(st["tasks"]["G-L2-001"]["crashes"], 1, "{log}");
+    assert!(log.contains("reconnected after zergd restart"), "{log}");
     wait_nothing_left(&rush_id);
     git(&repo.path, &["fsck", "--no-progress"]);
 }
