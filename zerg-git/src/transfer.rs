@@ -478,11 +478,11 @@ mod tests {
             assert_eq!(quarantines(&common), 0);
             // The next base: the worker's commit is a have, so only what it lacks comes down.
             let more = origin
-                .snapshot_objects(&[commit.clone()], &[base.clone()])
+                .snapshot_objects(std::slice::from_ref(&commit), std::slice::from_ref(&base))
                 .unwrap();
             let none = Repo::open(&o)
                 .unwrap()
-                .snapshot_objects(&[commit.clone()], &[commit.clone()])
+                .snapshot_objects(std::slice::from_ref(&commit), std::slice::from_ref(&commit))
                 .unwrap();
             assert!(none.is_empty(), "a have that is the want sends nothing");
             assert!(!more.is_empty());

@@ -274,6 +274,18 @@ fn pack_of(commit: &str, orphan: bool) -> Result<Vec<u8>, String> {
     )
 }
 
+/// One hostile push: its name, the task and lease it names, the commit, the pack, the size it
+/// announces (the pack's own when `None`), and whether it carries the token.
+struct Case<'a> {
+    name: &'static str,
+    task: &'a str,
+    lease: &'a str,
+    commit: String,
+    pack: Vec<u8>,
+    announced: Option<u64>,
+    with_token: bool,
+}
+
 fn push(args: &[String]) -> Result<serde_json::Value, String> {
     use zerg_proto::v1;
     let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
@@ -302,58 +314,58 @@ fn push(args: &[String]) -> Result<serde_json::Value, String> {
     let orphan = wgit_str(&["commit-tree", &empty_tree, "-m", "orphan"], &[], b"")?;
     let mut corrupt = b"PACK\0\0\0\x02\0\0\0\x01".to_vec();
     corrupt.extend(std::iter::repeat_n(0xa5u8, 4096));
-    // (name, task, lease, commit, pack, announced size, with the token)
-    let cases: Vec<(&str, &str, &str, String, Vec<u8>, Option<u64>, bool)> = vec![
-        (
-            "corrupt",
-            &task,
-            &lease,
-            good_commit.clone(),
-            corrupt,
-            None,
-            true,
-        ),
-        (
+    let case = |name, task, lease, commit: &String, pack, announced, with_token| Case {
+        name,
+        task,
+        lease,
+        commit: commit.clone(),
+        pack,
+        announced,
+        with_token,
+    };
+    let cases = vec![
+        case("corrupt", &task, &lease, &good_commit, corrupt, None, true),
+        case(
             "oversize",
             &task,
             &lease,
-            good_commit.clone(),
+            &good_commit,
             vec![0u8; 16],
             Some(1 << 40),
             true,
         ),
-        (
+        case(
             "off_base",
             &task,
             &lease,
-            orphan.clone(),
+            &orphan,
             pack_of(&orphan, true)?,
             None,
             true,
         ),
-        (
+        case(
             "spec_change",
             &task,
             &lease,
-            spec_commit.clone(),
+            &spec_commit,
             pack_of(&spec_commit, false)?,
             None,
             true,
         ),
-        (
+        case(
             "other_lease",
             &other_task,
             &other_lease,
-            good_commit.clone(),
+            &good_commit,
             pack_of(&good_commit, false)?,
             None,
             true,
         ),
-        (
+        case(
             "no_token",
             &task,
             &lease,
-            good_commit.clone(),
+            &good_commit,
             pack_of(&good_commit, false)?,
             None,
             false,
@@ -373,17 +385,18 @@ fn push(args: &[String]) -> Result<serde_json::Value, String> {
             .await
             .map_err(|e| format!("{url}: {e}"))?;
         let mut out = serde_json::Map::new();
-        for (name, task, lease, commit, pack, announced, with_token) in cases {
+        for c in cases {
             let first = v1::PushChunk {
                 worker: Some(me.clone()),
-                lease_id: lease.to_string(),
-                task_id: task.to_string(),
-                commit,
-                pack_bytes: announced.unwrap_or(pack.len() as u64),
-                data: pack,
+                lease_id: c.lease.to_string(),
+                task_id: c.task.to_string(),
+                commit: c.commit,
+                pack_bytes: c.announced.unwrap_or(c.pack.len() as u64),
+                data: c.pack,
             };
+            let name = c.name;
             let mut req = tonic::Request::new(tokio_stream::iter(vec![first]));
-            if with_token {
+            if c.with_token {
                 let v = format!("Bearer {token}").parse().map_err(|_| "token")?;
                 req.metadata_mut().insert("authorization", v);
             }
