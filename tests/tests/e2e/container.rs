@@ -117,23 +117,28 @@ pub(crate) fn docker(args: &[&str]) -> String {
 /// Starts a detached container rush of `feature` with `workers` workers.
 #[track_caller]
 pub(crate) fn start_detached(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
+    start_detached_in(d, repo, feature, workers, "container");
+}
+
+/// Starts a detached rush of `feature` with `workers` workers in `mode`.
+#[track_caller]
+pub(crate) fn start_detached_in(
+    d: &Daemon,
+    repo: &TestRepo,
+    feature: &str,
+    workers: u32,
+    mode: &str,
+) {
     let n = workers.to_string();
     let out = d.ctl_in(
         &repo.path,
-        &[
-            "rush",
-            feature,
-            "--workers",
-            &n,
-            "--mode",
-            "container",
-            "--detach",
-        ],
+        &["rush", feature, "--workers", &n, "--mode", mode, "--detach"],
     );
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
     );
 }
 

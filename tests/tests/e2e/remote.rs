@@ -10,7 +10,7 @@ use serde_json::json;
 use zerg_proto::testkit::SwarmSession;
 use zerg_tests::*;
 
-use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready};
+use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached_in};
 
 /// A free TCP port on loopback for the plane.
 fn free_port() -> u16 {
@@ -79,28 +79,6 @@ fn container_of_service(service: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-fn start_swarm_rush(d: &Daemon, repo: &TestRepo, feature: &str, workers: u32) {
-    let n = workers.to_string();
-    let out = d.ctl_in(
-        &repo.path,
-        &[
-            "rush",
-            feature,
-            "--workers",
-            &n,
-            "--mode",
-            "swarm",
-            "--detach",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-}
-
 #[test]
 fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     let Some(_swarm) = swarm() else {
@@ -126,7 +104,7 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     );
     let mut ctx = cdaemon();
     let d = &mut ctx.d;
-    start_swarm_rush(d, &repo, "sw", 3);
+    start_detached_in(d, &repo, "sw", 3, "swarm");
     let st = d.wait_for(&repo.path, "sw", T, "G-L2-001 in its agent CLI", |s| {
         running_worker(s, "G-L2-001").is_some_and(|w| w.container_id.is_some())
             && s["workers"].as_object().is_some_and(|w| {
@@ -187,7 +165,7 @@ fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
     );
     let ctx = cdaemon();
     let d = &ctx.d;
-    start_swarm_rush(d, &repo, "hp", 2);
+    start_detached_in(d, &repo, "hp", 2, "swarm");
     let st = d.wait_for(
         &repo.path,
         "hp",
