@@ -297,6 +297,58 @@ impl PlaneService {
     }
 }
 
+/// One artifact of a remote worker being written under `.zerg/logs/tasks/<task>/`: at most
+/// `cap` bytes are kept, then a line saying how much was sent.
+struct Artifact {
+    file: std::fs::File,
+    kept: u64,
+    sent: u64,
+    cap: u64,
+}
+
+impl Artifact {
+    /// Creates (or truncates) `dir/name`, never through a symlink.
+    fn create(dir: &Path, name: &str, cap: u64) -> std::io::Result<Artifact> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::create_dir_all(dir)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(dir.join(name))?;
+        Ok(Artifact {
+            file,
+            kept: 0,
+            sent: 0,
+            cap,
+        })
+    }
+
+    fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        self.sent += data.len() as u64;
+        let room = self.cap.saturating_sub(self.kept) as usize;
+        let take = &data[..data.len().min(room)];
+        self.file.write_all(take)?;
+        self.kept += take.len() as u64;
+        Ok(())
+    }
+
+    fn finish(mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        if self.sent > self.kept {
+            writeln!(
+                self.file,
+                "\n[zerg: the worker sent {} bytes; the first {} are kept (container.log_max_size)]",
+                self.sent, self.kept
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Bytes per message of a pack on the wire.
 const PACK_CHUNK: usize = 256 * 1024;
 
@@ -458,6 +510,34 @@ impl Worker for PlaneService {
         )))
     }
 
+    async fn push_artifact(
+        &self,
+        req: Request<Streaming<v1::ArtifactChunk>>,
+    ) -> Result<Response<v1::Ack>, Status> {
+        let md = req.metadata().clone();
+        let mut stream = req.into_inner();
+        let mut first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an artifact needs a first message"))?;
+        let (caller, lease, name) = crate::wire::worker::artifact_header(&mut first)?;
+        let check = self.objects(&md, caller, lease).await?;
+        let mut out = Artifact::create(&check.artifacts, &name, check.artifact_cap)
+            .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
+        let mut data = first.data;
+        loop {
+            out.write(&data)
+                .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
+            match stream.message().await? {
+                Some(m) => data = m.data,
+                None => break,
+            }
+        }
+        out.finish()
+            .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
+        Ok(Response::new(v1::Ack {}))
+    }
+
     async fn push_objects(
         &self,
         req: Request<Streaming<v1::PushChunk>>,
@@ -551,6 +631,34 @@ mod tests {
             "Basic abc".parse().unwrap(),
         );
         assert_eq!(WorkerAuth::from_metadata("r", &md).token_sha256, None);
+    }
+
+    #[test]
+    fn an_artifact_is_capped_and_never_written_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("tasks/T-1");
+        let mut a = Artifact::create(&d, "agent-output.txt", 10).unwrap();
+        a.write(b"0123456789abcdef").unwrap();
+        a.write(b"more").unwrap();
+        a.finish().unwrap();
+        let text = std::fs::read_to_string(d.join("agent-output.txt")).unwrap();
+        assert!(
+            text.starts_with("0123456789\n[zerg: the worker sent 20 bytes"),
+            "{text}"
+        );
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), d.join("planted")).unwrap();
+        assert!(Artifact::create(&d, "planted", 10).is_err());
+        assert!(!dir.path().join("elsewhere").exists());
+        let bad = v1::ArtifactChunk {
+            name: "../x".into(),
+            ..Default::default()
+        };
+        assert!(
+            crate::wire::worker::artifact_header(&mut bad.clone())
+                .unwrap_err()
+                .message()
+                .starts_with("name:")
+        );
     }
 
     #[test]

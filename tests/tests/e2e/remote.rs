@@ -139,6 +139,13 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
         git(&repo.path, &["show", "main:.gsd/specs/sw/task-graph.json"]),
         "the worker did not read the committed spec from its checkout"
     );
+    // The agent CLI's output came back through the plane into zergd's log dir.
+    let output = repo.path.join(".zerg/logs/tasks/G-L3-001/agent-output.txt");
+    assert!(
+        std::fs::metadata(&output).is_ok_and(|m| m.len() > 0),
+        "{} is missing or empty",
+        output.display()
+    );
     let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
     assert!(log.contains("zergd restarted; resuming rush sw"), "{log}");
     // The killed container's task was reassigned, and the other workers' services were

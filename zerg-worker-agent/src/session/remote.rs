@@ -158,4 +158,42 @@ impl Session {
         );
         Ok(())
     }
+
+    /// Sends the task's artifacts (the files of `<log dir>/tasks/<task>/`: the agent CLI's
+    /// output) to zergd, which keeps them in its own log dir, capped. A file that cannot be sent
+    /// is said on stderr; the report goes on.
+    pub(super) async fn push_artifacts(&mut self, task: &v1::Task) {
+        let dir = self.env.log_dir.join("tasks").join(&task.id);
+        let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
+            return;
+        };
+        while let Ok(Some(e)) = entries.next_entry().await {
+            if !e.file_type().await.is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().to_string();
+            let Ok(bytes) = tokio::fs::read(e.path()).await else {
+                continue;
+            };
+            let mut chunks: Vec<v1::ArtifactChunk> = bytes
+                .chunks(PUSH_CHUNK)
+                .map(|c| v1::ArtifactChunk {
+                    data: c.to_vec(),
+                    ..Default::default()
+                })
+                .collect();
+            if chunks.is_empty() {
+                chunks.push(v1::ArtifactChunk::default());
+            }
+            chunks[0].worker = Some(self.env.me());
+            chunks[0].lease_id = task.lease_id.clone();
+            chunks[0].task_id = task.id.clone();
+            chunks[0].name = name.clone();
+            if let Err(s) = retrying!(self, |c| c
+                .push_artifact(tokio_stream::iter(chunks.clone())))
+            {
+                eprintln!("zerg-worker-agent: cannot send {name}: {}", s.message());
+            }
+        }
+    }
 }

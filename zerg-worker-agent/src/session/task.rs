@@ -114,6 +114,9 @@ impl Session {
         retry_at_ms: i64,
         checkpoint: String,
     ) -> TaskEnd {
+        if self.env.remote.is_some() {
+            self.push_artifacts(task).await;
+        }
         let tiers = self.tier_results();
         let (tokens, models) = usage_to_wire(&self.attempt);
         let limit_type = self
@@ -439,6 +442,9 @@ impl Session {
                     String::new(),
                 )
                 .await;
+        }
+        if self.env.remote.is_some() {
+            self.push_artifacts(&task).await;
         }
         let out_of_scope = self.out_of_scope(&task, &commit, changed).await;
         let (tokens, models) = usage_to_wire(&self.attempt);

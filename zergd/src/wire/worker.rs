@@ -178,6 +178,36 @@ pub fn fetch_request(
     Ok((caller(r.worker)?, lease(r.task_id, r.lease_id)?, haves))
 }
 
+/// The first message of an artifact: who sends it, for which lease, and the file's name.
+pub fn artifact_header(
+    r: &mut v1::ArtifactChunk,
+) -> Result<(Caller, LeaseRef, String), SupervisorError> {
+    let name = std::mem::take(&mut r.name);
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        return Err(invalid(
+            "name",
+            format!(
+                "{:?} is not a file name of letters, digits, '.', '_' and '-' (at most 64, not starting with '.')",
+                name.chars().take(80).collect::<String>()
+            ),
+        ));
+    }
+    Ok((
+        caller(r.worker.take())?,
+        lease(
+            std::mem::take(&mut r.task_id),
+            std::mem::take(&mut r.lease_id),
+        )?,
+        name,
+    ))
+}
+
 /// The first message of a push: who sends, for which lease, the commit the pack brings, the
 /// pack's announced size, and the first of its bytes.
 pub struct PushHeader {

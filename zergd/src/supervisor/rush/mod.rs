@@ -230,6 +230,10 @@ pub struct CommitCheck {
     pub resume_from: String,
     /// Size limits on a pack a remote worker pushes.
     pub pack_limits: crate::git::objects::ImportLimits,
+    /// Where a remote worker's artifacts of the task go (`.zerg/logs/tasks/<task>`).
+    pub artifacts: PathBuf,
+    /// The most bytes kept of one artifact (`container.log_max_size`).
+    pub artifact_cap: u64,
 }
 
 /// Where a rush keeps its files.

@@ -498,6 +498,8 @@ impl Rush {
             task: task_id.to_string(),
             resume_from: ts.resume_from.clone().unwrap_or_default(),
             pack_limits: self.config.container.import_limits(),
+            artifacts: self.paths.log_dir.join("tasks").join(task_id),
+            artifact_cap: self.config.container.log_max_size.0.max(0) as u64,
         })
     }
 
