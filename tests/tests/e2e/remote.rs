@@ -303,3 +303,23 @@ fn a_twelve_task_rush_on_a_kubernetes_cluster() {
     assert_eq!(st["mode"], "kubernetes");
     assert_eq!(repo.task_ids_on("zerg/kc/staging"), graph_12_ids());
 }
+
+#[test]
+fn a_remote_rush_of_a_spec_that_is_not_committed_is_refused_saying_so() {
+    let repo = TestRepo::new();
+    repo.write_graph("uc", &graph_12("uc"));
+    repo.configure(&swarm_cfg(free_port()));
+    std::fs::write(
+        repo.path.join(".gsd/specs/uc/design.md"),
+        "# uc\n\nChanged after the commit.\n",
+    )
+    .unwrap();
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "uc", "--mode", "swarm", "--detach"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(".gsd/specs/uc differs from HEAD") && err.contains("git commit"),
+        "{err}"
+    );
+}

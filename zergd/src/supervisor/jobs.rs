@@ -143,6 +143,9 @@ pub fn prepare_fresh(
     let handle = zerg_git::Repo::open(repo).map_err(|e| {
         SupervisorError::failed_precondition(format!("cannot open {}: {e}", repo.display()))
     })?;
+    if mode.is_remote() {
+        check_spec_committed(repo, &handle, &base_commit, feature, mode)?;
+    }
     let on_base = |tip: &str| handle.is_ancestor(tip, &base_commit).unwrap_or(false);
     if let Some(old) = handle.commit_id(&format!("refs/heads/{staging}"))
         && !on_base(&old)
@@ -334,6 +337,29 @@ pub fn initial_doc(
         );
     }
     doc
+}
+
+/// Remote workers read the spec from the base commit they check out, not from a snapshot on
+/// zergd's disk: it must be committed, as it is now.
+fn check_spec_committed(
+    repo: &Path,
+    handle: &zerg_git::Repo,
+    base: &str,
+    feature: &str,
+    mode: Mode,
+) -> Result<(), SupervisorError> {
+    let rel = format!(".gsd/specs/{feature}");
+    let in_head = handle.entry_id(base, &rel).ok().flatten().is_some();
+    let changed = git::git(repo, &["status", "--porcelain", "--", &rel])
+        .map(|s| !s.is_empty())
+        .unwrap_or(true);
+    if !in_head || changed {
+        return Err(SupervisorError::failed_precondition(format!(
+            "--mode {mode}: remote workers read the spec from the commit they check out, and {rel} {} HEAD; commit it (git add {rel} && git commit), then rush again",
+            if in_head { "differs from" } else { "is not in" }
+        )));
+    }
+    Ok(())
 }
 
 /// Reloads a rush's graph and config from its snapshot (resume, or zergd restart).
