@@ -305,6 +305,40 @@ fn a_twelve_task_rush_on_a_kubernetes_cluster() {
 }
 
 #[test]
+fn a_swarm_worker_checkpoint_is_pushed_and_resumed_in_another_container() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let repo = TestRepo::new();
+    repo.write_graph("scp", &graph_12("scp"));
+    repo.configure(&swarm_cfg(free_port()));
+    // Attempts are counted per container, so the script looks at the worktree instead: the
+    // first attempt writes the file and checkpoints; the resumed one finds the file restored
+    // from the checkpoint (fetched from zergd into a new container) and writes nothing.
+    repo.write_script(
+        "scp",
+        &json!({"tasks": {"G-L1-003": [{"op": "shell", "command":
+            "if [ ! -f l1/a3.txt ]; then mkdir -p l1 && echo 'written before the checkpoint' > l1/a3.txt && printf '{\"progress_pct\": 60, \"next_action\": \"finish\"}' > \"$ZERG_TASK_DIR/checkpoint.json\"; fi"
+        }]}}),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    start_detached_in(d, &repo, "scp", 2, "swarm");
+    let st = d.wait_end(&repo.path, "scp", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/scp/staging"), graph_12_ids());
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(log.contains("exited: 2 (checkpoint)"), "{log}");
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/scp/staging:l1/a3.txt"]),
+        "written before the checkpoint"
+    );
+    // The checkpoint was pushed before it was reported: zergd keeps it reachable.
+    assert!(!git(&repo.path, &["for-each-ref", "refs/zerg/scp/wip/"]).is_empty());
+    wait_nothing_left(st["rush_id"].as_str().unwrap());
+}
+
+#[test]
 fn a_remote_rush_of_a_spec_that_is_not_committed_is_refused_saying_so() {
     let repo = TestRepo::new();
     repo.write_graph("uc", &graph_12("uc"));
