@@ -179,6 +179,15 @@ pub fn rev(repo: &Path, name: &str) -> Option<String> {
     .ok()
 }
 
+/// Held while a worktree is added, removed or pruned: `git worktree prune` removes the admin
+/// dir of a worktree that another thread's `git worktree add` is still creating (one rush's
+/// cleanup beside another rush's start in the same repository).
+static WORKTREES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn worktree_guard() -> std::sync::MutexGuard<'static, ()> {
+    WORKTREES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes sure `path` is a worktree of `repo` on `branch`, creating the branch at `start` if it
 /// does not exist. An existing worktree is kept as it is (its branch is owned by zergd). The
 /// checkout runs with `trusted`'s options.
@@ -192,6 +201,7 @@ pub fn ensure_worktree(
     if path.join(".git").exists() {
         return Ok(());
     }
+    let _one_at_a_time = worktree_guard();
     // A stale registration (directory deleted by hand) blocks `worktree add`.
     let _ = git(repo, &["worktree", "prune"]);
     if let Some(parent) = path.parent() {
@@ -223,6 +233,7 @@ pub fn ensure_worktree(
 /// Removes a worktree (and, when `delete_branch`, its branch). A worktree whose `.git` file a
 /// worker damaged is deleted directly and its registration pruned.
 pub fn remove_worktree(repo: &Path, path: &Path, branch: Option<&str>) -> Result<(), GitError> {
+    let _one_at_a_time = worktree_guard();
     if path.exists()
         && let Err(e) = git(
             repo,
