@@ -280,15 +280,7 @@ impl Supervisor {
             }
         };
         let id = p.doc.rush.rush_id.clone();
-        if p.doc.rush.mode == Mode::Kubernetes
-            && let Ok(mut s) = self.launchers.kube_settings.lock()
-            && s.is_none()
-        {
-            *s = Some(p.config.kubernetes.clone());
-        }
-        if p.doc.rush.mode.is_remote()
-            && let Err(e) = self.ensure_remote_plane(&p.config.remote)
-        {
+        if let Err(e) = self.prepare_remote(p.doc.rush.mode, &p.config) {
             let _ = reply.send(Err(e));
             return;
         }

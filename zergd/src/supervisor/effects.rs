@@ -5,9 +5,29 @@ use super::recovery::append_escalations;
 use super::*;
 
 impl Supervisor {
+    /// What a rush of `mode` needs before its workers start, if they are remote: the TCP plane
+    /// (`config.remote`), and for kubernetes the launcher's settings (`config.kubernetes`; the
+    /// first kubernetes rush's are kept). Nothing for the local modes.
+    pub(super) fn prepare_remote(
+        &mut self,
+        mode: Mode,
+        config: &crate::config::Config,
+    ) -> Result<(), SupervisorError> {
+        if !mode.is_remote() {
+            return Ok(());
+        }
+        if mode == Mode::Kubernetes
+            && let Ok(mut s) = self.launchers.kube_settings.lock()
+            && s.is_none()
+        {
+            *s = Some(config.kubernetes.clone());
+        }
+        self.ensure_remote_plane(&config.remote)
+    }
+
     /// Serves the TCP worker plane of remote workers with `cfg` (idempotent). One zergd serves
     /// one address: a rush that asks for another is told so.
-    pub(super) fn ensure_remote_plane(
+    fn ensure_remote_plane(
         &mut self,
         cfg: &crate::config::RemoteConfig,
     ) -> Result<(), SupervisorError> {
@@ -53,21 +73,12 @@ impl Supervisor {
     /// Serves the rush's worker plane (idempotent): its own socket, `Worker` only; and, for a
     /// remote rush, the TCP plane.
     pub(super) fn ensure_plane(&mut self, rush_id: &str) {
-        if let Some(r) = self
-            .rushes
-            .get(rush_id)
-            .filter(|r| r.doc.rush.mode == Mode::Kubernetes)
-            && let Ok(mut s) = self.launchers.kube_settings.lock()
-            && s.is_none()
-        {
-            *s = Some(r.config.kubernetes.clone());
-        }
-        if let Some(cfg) = self
+        if let Some((mode, config)) = self
             .rushes
             .get(rush_id)
             .filter(|r| r.doc.rush.mode.is_remote())
-            .map(|r| r.config.remote.clone())
-            && let Err(e) = self.ensure_remote_plane(&cfg)
+            .map(|r| (r.doc.rush.mode, r.config.clone()))
+            && let Err(e) = self.prepare_remote(mode, &config)
         {
             tracing::error!(rush = rush_id, error = %e.message(), "remote workers of this rush cannot connect");
         }

@@ -35,16 +35,8 @@ impl Supervisor {
                 }
             };
             if r.doc.rush.state.is_active() {
-                if r.doc.rush.mode.is_remote()
-                    && let Err(err) = self.ensure_remote_plane(&r.config.remote)
-                {
+                if let Err(err) = self.prepare_remote(r.doc.rush.mode, &r.config) {
                     tracing::error!(rush = %e.rush_id, error = %err.message(), "remote workers of this rush cannot reconnect");
-                }
-                if r.doc.rush.mode == Mode::Kubernetes
-                    && let Ok(mut s) = self.launchers.kube_settings.lock()
-                    && s.is_none()
-                {
-                    *s = Some(r.config.kubernetes.clone());
                 }
                 self.ensure_plane(&e.rush_id);
                 self.readopt(&mut r, now, wall).await;
