@@ -306,6 +306,11 @@ pub mod limits {
     pub const MAX_NAME: usize = 128;
     /// Most models in one usage report.
     pub const MAX_MODELS: usize = 64;
+    /// Largest git object (inflated) zergd takes from a worker, unless `container.max_object_size`
+    /// says otherwise.
+    pub const MAX_OBJECT_BYTES: u64 = 100 << 20;
+    /// Largest pack zergd takes from a worker, unless `container.max_pack_size` says otherwise.
+    pub const MAX_PACK_BYTES: u64 = 512 << 20;
 
     /// `s` cut to at most `max` bytes, at a character boundary.
     pub fn clip(s: &str, max: usize) -> &str {

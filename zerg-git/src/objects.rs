@@ -24,8 +24,8 @@ pub struct ImportLimits {
 impl Default for ImportLimits {
     fn default() -> Self {
         Self {
-            max_object: 100 << 20,
-            max_pack: 512 << 20,
+            max_object: zerg_proto::contract::limits::MAX_OBJECT_BYTES,
+            max_pack: zerg_proto::contract::limits::MAX_PACK_BYTES,
         }
     }
 }

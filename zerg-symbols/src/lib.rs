@@ -32,60 +32,9 @@ use serde::{Deserialize, Serialize};
 pub use cache::Cache;
 pub use extract::{Grammar, extract};
 pub use rank::{SECTION_HEADING, task_section};
-
-/// A language the symbol map understands. TypeScript covers `.ts` and `.tsx` files (two
-/// grammars); JavaScript covers `.js`, `.jsx`, `.mjs` and `.cjs`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    /// `.py`, `.pyi`.
-    Python,
-    /// `.js`, `.jsx`, `.mjs`, `.cjs`.
-    #[serde(rename = "javascript")]
-    JavaScript,
-    /// `.ts`, `.tsx`, `.mts`, `.cts`.
-    #[serde(rename = "typescript")]
-    TypeScript,
-    /// `.rs`.
-    Rust,
-    /// `.go`.
-    Go,
-}
-
-impl Language {
-    /// Every language, in the order the config lists them by default.
-    pub const ALL: [Language; 5] = [
-        Language::Python,
-        Language::JavaScript,
-        Language::TypeScript,
-        Language::Rust,
-        Language::Go,
-    ];
-
-    /// The name used in the config and in output.
-    pub fn name(self) -> &'static str {
-        match self {
-            Language::Python => "python",
-            Language::JavaScript => "javascript",
-            Language::TypeScript => "typescript",
-            Language::Rust => "rust",
-            Language::Go => "go",
-        }
-    }
-
-    /// The language of a path, from its extension.
-    pub fn of_path(path: &str) -> Option<Language> {
-        Grammar::of_path(path).map(Grammar::language)
-    }
-
-    /// Languages whose files import each other: JavaScript and TypeScript are one family.
-    pub fn family(self) -> Language {
-        match self {
-            Language::JavaScript => Language::TypeScript,
-            other => other,
-        }
-    }
-}
+/// The `symbols:` section of `.zerg/config.yaml` and the languages it names are plain settings,
+/// defined with the rest of the config.
+pub use zerg_config::{Language, SymbolsConfig as Settings};
 
 /// What kind of thing a definition is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -174,51 +123,18 @@ pub const MAX_DEFINITIONS: usize = 2000;
 /// The most imports (and, separately, exports) kept per file.
 pub const MAX_IMPORTS: usize = 500;
 
-/// The `symbols:` section of `.zerg/config.yaml`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Settings {
-    /// Whether task prompts get a `## Relevant Symbols` section.
-    pub enabled: bool,
-    /// The languages to index; files in other languages are skipped.
-    pub languages: Vec<Language>,
-    /// The most bytes the section of one task may take.
-    pub max_bytes_per_task: usize,
-    /// Files larger than this are skipped, unread.
-    pub max_file_bytes: u64,
+/// The settings that decide which files an index holds: two indexes built with equal keys
+/// from the same commit are equal.
+fn index_key(settings: &Settings) -> String {
+    let mut langs: Vec<&str> = settings.languages.iter().map(|l| l.name()).collect();
+    langs.sort_unstable();
+    langs.dedup();
+    format!("{}:{}", langs.join(","), settings.max_file_bytes)
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            enabled: true,
-            languages: Language::ALL.to_vec(),
-            max_bytes_per_task: 4096,
-            max_file_bytes: 1 << 20,
-        }
-    }
-}
-
-impl Settings {
-    /// Range checks beyond the types; the message starts with the key.
-    pub fn check(&self) -> Result<(), String> {
-        if self.max_bytes_per_task == 0 {
-            return Err("symbols.max_bytes_per_task: must be positive".into());
-        }
-        if self.max_file_bytes == 0 {
-            return Err("symbols.max_file_bytes: must be positive".into());
-        }
-        Ok(())
-    }
-
-    /// The settings that decide which files an index holds: two indexes built with equal keys
-    /// from the same commit are equal.
-    fn index_key(&self) -> String {
-        let mut langs: Vec<&str> = self.languages.iter().map(|l| l.name()).collect();
-        langs.sort_unstable();
-        langs.dedup();
-        format!("{}:{}", langs.join(","), self.max_file_bytes)
-    }
+/// The language of a path, from its extension.
+pub fn language_of(path: &str) -> Option<Language> {
+    Grammar::of_path(path).map(Grammar::language)
 }
 
 /// Why a file of the tree is not in the index.
@@ -378,7 +294,7 @@ pub fn build(
     let entries = source::list_tree(repo, &commit)?;
     let mut index = SymbolIndex {
         commit,
-        key: settings.index_key(),
+        key: index_key(settings),
         ..Default::default()
     };
     let mut stats = BuildStats {
@@ -399,7 +315,7 @@ pub fn update(
     settings: &Settings,
     cache: Option<&Cache>,
 ) -> Result<(SymbolIndex, BuildStats), SymbolError> {
-    if previous.commit.is_empty() || previous.key != settings.index_key() {
+    if previous.commit.is_empty() || previous.key != index_key(settings) {
         return build(repo, commit, settings, cache);
     }
     let commit = source::resolve_commit(repo, commit)?;

@@ -195,7 +195,7 @@ fn pick_files(index: &SymbolIndex, files: &Files) -> Vec<Pick> {
     }
     if picks.is_empty() {
         for created in &files.create {
-            let family = Language::of_path(created).map(Language::family);
+            let family = crate::language_of(created).map(Language::family);
             let mut dir = dir_of(created);
             loop {
                 let beside: Vec<String> = index

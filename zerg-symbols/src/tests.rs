@@ -406,13 +406,13 @@ fn an_export_at_the_very_start_of_a_file_keeps_its_keyword() {
 
 #[test]
 fn languages_come_from_extensions() {
-    assert_eq!(Language::of_path("a/b.pyi"), Some(Language::Python));
-    assert_eq!(Language::of_path("web/x.mjs"), Some(Language::JavaScript));
+    assert_eq!(crate::language_of("a/b.pyi"), Some(Language::Python));
+    assert_eq!(crate::language_of("web/x.mjs"), Some(Language::JavaScript));
     assert_eq!(Grammar::of_path("web/x.tsx"), Some(Grammar::Tsx));
-    assert_eq!(Language::of_path("web/x.tsx"), Some(Language::TypeScript));
-    assert_eq!(Language::of_path("README.md"), None);
-    assert_eq!(Language::of_path("Makefile"), None);
-    assert_eq!(Language::of_path("dir.rs/file"), None);
+    assert_eq!(crate::language_of("web/x.tsx"), Some(Language::TypeScript));
+    assert_eq!(crate::language_of("README.md"), None);
+    assert_eq!(crate::language_of("Makefile"), None);
+    assert_eq!(crate::language_of("dir.rs/file"), None);
 }
 
 // === Hostile input ===

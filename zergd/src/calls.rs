@@ -11,6 +11,51 @@ use std::time::Duration;
 use crate::domain::{FailKind, Mode, Step};
 pub use crate::state::{ModelSpend, Tokens};
 
+/// Who is calling on the worker plane: the rush whose socket the call came in on (or, on the
+/// TCP plane, the one it names), and the hash of the token it carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerAuth {
+    /// The rush the socket belongs to.
+    pub rush_id: String,
+    /// SHA-256 of the presented token; `None` when the call carried none.
+    pub token_sha256: Option<String>,
+}
+
+impl WorkerAuth {
+    /// The auth a worker holding `token` presents on the plane of `rush_id`.
+    pub fn for_token(rush_id: &str, token: &crate::launcher::WorkerToken) -> Self {
+        Self {
+            rush_id: rush_id.to_string(),
+            token_sha256: Some(token.hash()),
+        }
+    }
+}
+
+/// Where a remote worker's files of one lease go on zergd's side, and how large a pack it may
+/// push.
+#[derive(Debug, Clone)]
+pub struct LeaseFiles {
+    /// `.zerg/logs/tasks/<task>`: its task output.
+    pub artifacts: std::path::PathBuf,
+    /// The most bytes kept of one artifact (`container.log_max_size`).
+    pub artifact_cap: u64,
+    /// The largest pack it may push (`container.max_pack_size`).
+    pub max_pack: u64,
+}
+
+/// A lease's base as one pack, in a temporary file: what a remote worker lacks of it.
+#[derive(Debug)]
+pub struct BasePack {
+    /// The pack, written from its start.
+    pub file: std::fs::File,
+    /// The commits sent without their parents (the worker marks them shallow).
+    pub shallow: Vec<String>,
+    /// Whether the repository is SHA-256.
+    pub sha256: bool,
+    /// The pack's size in bytes.
+    pub size: u64,
+}
+
 /// Who a worker call says it comes from. [`crate::supervisor::rush::Rush::authorize`] checks
 /// it against the socket it arrived on and the token it carried.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,4 +359,93 @@ pub struct RushView<'a> {
     pub escalations: &'a [Escalation],
     /// Whether the rush has ended.
     pub ended: bool,
+}
+
+/// Where a `Watch` goes: the edge turns each update into its own message, so the supervisor
+/// hands out lines and views without naming a wire type.
+pub trait WatchSink: Send {
+    /// Sends one update: a line of the rush's events, the rush's view, or both. Never blocks; an
+    /// update a slow client has no room for is dropped (a later snapshot supersedes it).
+    fn send(&mut self, line: Option<&crate::monitor::MonitorEvent>, view: Option<&RushView<'_>>);
+    /// Whether the client has taken everything sent to it.
+    fn drained(&self) -> bool;
+    /// Whether the client has gone.
+    fn is_closed(&self) -> bool;
+}
+
+/// A `Status` question. The edge projects the rush's view into its own answer when the
+/// supervisor has the rush (or is told why there is none); the answer goes out once the state
+/// it shows is on disk.
+pub struct StatusQuery(StatusProjection);
+
+/// See [`StatusQuery`]: the projection, which returns the sending of its answer.
+type StatusProjection = Box<
+    dyn FnOnce(Result<&RushView<'_>, crate::error::SupervisorError>) -> Box<dyn FnOnce() + Send>
+        + Send,
+>;
+
+impl StatusQuery {
+    /// A question answered by `project`.
+    pub fn new(
+        project: impl FnOnce(
+            Result<&RushView<'_>, crate::error::SupervisorError>,
+        ) -> Box<dyn FnOnce() + Send>
+        + Send
+        + 'static,
+    ) -> Self {
+        Self(Box::new(project))
+    }
+
+    /// Projects the answer now; the returned closure sends it.
+    pub fn answer(
+        self,
+        view: Result<&RushView<'_>, crate::error::SupervisorError>,
+    ) -> Box<dyn FnOnce() + Send> {
+        (self.0)(view)
+    }
+}
+
+/// `zergctl prune`: which ended rushes of a repository to forget and remove.
+#[derive(Debug, Clone)]
+pub struct PruneRequest {
+    /// The repository (as the client names it).
+    pub repo: String,
+    /// Only this feature's rush; empty for every rush of the repository.
+    pub feature: String,
+    /// Only rushes that ended at least this long ago.
+    pub older_than: Duration,
+    /// Say what would go, and remove nothing.
+    pub dry_run: bool,
+    /// Also delete the staging branch (the rush's result).
+    pub branches: bool,
+}
+
+/// What `zergctl prune` did, rush by rush.
+#[derive(Debug, Clone, Default)]
+pub struct PruneReport {
+    /// Every rush of the repository (or the feature) that zergd knows, pruned or kept.
+    pub rushes: Vec<PrunedRush>,
+    /// Whether nothing was removed because it was a dry run.
+    pub dry_run: bool,
+}
+
+/// One rush in a [`PruneReport`].
+#[derive(Debug, Clone, Default)]
+pub struct PrunedRush {
+    /// Its feature.
+    pub feature: String,
+    /// Its id.
+    pub rush_id: String,
+    /// Its state.
+    pub state: crate::domain::RushState,
+    /// When it ended (RFC 3339).
+    pub finished_at: String,
+    /// Whether it was (or, in a dry run, would be) pruned; false when kept whole.
+    pub pruned: bool,
+    /// What went (or would go): repository-relative paths and branch names.
+    pub removed: Vec<String>,
+    /// What was kept, each with why.
+    pub kept: Vec<String>,
+    /// Bytes freed (or that would be).
+    pub bytes: u64,
 }

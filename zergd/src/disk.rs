@@ -232,7 +232,7 @@ pub fn prune(job: &PruneJob) -> Pruned {
     if !job.dry_run {
         let _ = std::fs::remove_dir(repo.join(".zerg").join("rush"));
         // A container rush's private git dirs and homes, if any are left.
-        if let Err(e) = crate::launcher::container::remove_rush_area(repo, feature) {
+        if let Err(e) = crate::container_host::remove_rush_area(repo, feature) {
             out.kept.push(format!("the rush's private git dirs: {e}"));
         }
     }

@@ -12,14 +12,15 @@
 pub mod backoff;
 pub mod calls;
 pub mod clock;
-pub mod config;
+pub use zerg_config as config;
+pub mod container_host;
 pub mod disk;
 pub mod domain;
 pub mod error;
 pub use zerg_git::fsat;
 pub mod git;
 pub mod incoming;
-pub mod launcher;
+pub use zerg_launch as launcher;
 pub mod logtail;
 pub mod monitor;
 pub mod notify;

@@ -12,9 +12,10 @@ use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
-use crate::calls::{RetryTasks, RushKey, StartRush, StopRush};
+use crate::calls::{RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
 use crate::logtail;
 use crate::supervisor::{ControlCmd, Event, Handle};
+use crate::wire::status;
 
 /// The control service, backed by the supervisor handle.
 #[derive(Clone)]
@@ -26,6 +27,24 @@ impl Services {
     /// Services backed by a supervisor.
     pub fn new(handle: Handle) -> Self {
         Self { handle }
+    }
+
+    /// The status of a rush, projected from the view the supervisor hands out (after the
+    /// state it shows is on disk).
+    async fn rush_status(&self, key: RushKey) -> Result<v1::RushStatus, Status> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let query = StatusQuery::new(move |view| {
+            let answer = view.map(|v| status::rush_status(v));
+            Box::new(move || {
+                let _ = tx.send(answer);
+            })
+        });
+        self.handle
+            .send(Event::Control(ControlCmd::Status(key, query)))
+            .map_err(Status::from)?;
+        rx.await
+            .map_err(|_| Status::unavailable("the supervisor stopped before answering"))?
+            .map_err(Status::from)
     }
 }
 
@@ -47,11 +66,7 @@ impl Control for Services {
         req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::RushStatus>, Status> {
         let r = RushKey::try_from(req.into_inner())?;
-        let mut st = self
-            .handle
-            .ask(|tx| Event::Control(ControlCmd::Status(r, tx)))
-            .await
-            .map_err(Status::from)?;
+        let mut st = self.rush_status(r).await?;
         // What the rush uses on disk, measured off the supervisor (a walk of its worktrees).
         let (repo, feature) = (PathBuf::from(&st.repo), st.feature.clone());
         st.disk = tokio::task::spawn_blocking(move || crate::disk::usage(&repo, &feature))
@@ -64,11 +79,14 @@ impl Control for Services {
         &self,
         _req: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListReply>, Status> {
-        self.handle
+        let rushes = self
+            .handle
             .ask(|tx| Event::Control(ControlCmd::List(tx)))
             .await
-            .map(Response::new)
-            .map_err(Status::from)
+            .map_err(Status::from)?;
+        Ok(Response::new(v1::ListReply {
+            rushes: rushes.iter().map(status::rush_summary).collect(),
+        }))
     }
 
     type WatchStream = ReceiverStream<Result<v1::WatchEvent, Status>>;
@@ -78,9 +96,10 @@ impl Control for Services {
         req: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = RushKey::try_from(req.into_inner())?;
-        let rx = self
-            .handle
-            .ask(|tx| Event::Control(ControlCmd::Watch(r, tx)))
+        let (tx, rx) = mpsc::channel(64);
+        let sink = Box::new(status::WatchStream(tx));
+        self.handle
+            .ask(|reply| Event::Control(ControlCmd::Watch(r, sink, reply)))
             .await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -115,15 +134,9 @@ impl Control for Services {
         let r = req.into_inner();
         // Resolve the rush (and so its workers) through the supervisor, then read files here.
         let status = self
-            .handle
-            .ask(|tx| {
-                Event::Control(ControlCmd::Status(
-                    RushKey {
-                        repo: r.repo.clone(),
-                        feature: r.feature.clone(),
-                    },
-                    tx,
-                ))
+            .rush_status(RushKey {
+                repo: r.repo.clone(),
+                feature: r.feature.clone(),
             })
             .await?;
         let log_dir = PathBuf::from(&status.repo).join(".zerg").join("logs");
@@ -230,11 +243,11 @@ impl Control for Services {
         &self,
         req: Request<v1::PruneRequest>,
     ) -> Result<Response<v1::PruneReply>, Status> {
-        let r = req.into_inner();
+        let r = req.into_inner().into();
         self.handle
             .ask(|tx| Event::Control(ControlCmd::Prune(r, tx)))
             .await
-            .map(Response::new)
+            .map(|report| Response::new(report.into()))
             .map_err(Status::from)
     }
 

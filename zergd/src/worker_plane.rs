@@ -26,96 +26,31 @@ use tonic::{Request, Response, Status, Streaming};
 use zerg_proto::v1;
 use zerg_proto::v1::worker_server::{Worker, WorkerServer};
 
-use crate::calls::{Beat, Caller, Completion, EscalationReport, Failure, LeaseRef, Register};
+use crate::calls::{
+    BasePack, Beat, Caller, Completion, EscalationReport, Failure, LeaseFiles, LeaseRef, Register,
+    WorkerAuth,
+};
 use crate::error::SupervisorError;
-use crate::supervisor::rush::CommitCheck;
+use crate::launcher::PLANE_SOCKET_NAME;
+use crate::launcher::token::{hash_token, hex};
 use crate::supervisor::{Event, Handle, WorkerCmd};
 use crate::wire::worker::lease_caller;
-
-/// File name of a worker-plane socket inside its own directory.
-pub const PLANE_SOCKET_NAME: &str = "worker.sock";
 
 /// Largest message a worker may send (a completion with many tier results is a few KiB).
 const MAX_WORKER_MESSAGE: usize = 1 << 20;
 
-/// A worker's secret: 32 random bytes, hex-encoded. Its `Debug` never shows the value.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WorkerToken(String);
-
-impl std::fmt::Debug for WorkerToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WorkerToken(<redacted>)")
-    }
-}
-
-impl WorkerToken {
-    /// A fresh token from the operating system's random source.
-    pub fn generate() -> Self {
-        let mut bytes = [0u8; 32];
-        // Without the OS random source no token can be trusted: zergd stops (and its service
-        // manager restarts it) rather than hand out guessable ones.
-        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
-        Self(hex(&bytes))
-    }
-
-    /// The token as sent by the worker.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Its SHA-256, hex-encoded: what the state file keeps.
-    pub fn hash(&self) -> String {
-        hash_token(&self.0)
-    }
-}
-
-/// SHA-256 of a token, hex-encoded.
-pub fn hash_token(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
-/// Who is calling on the worker plane: the rush whose socket the call came in on, and the hash
-/// of the token it carried.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkerAuth {
-    /// The rush the socket belongs to.
-    pub rush_id: String,
-    /// SHA-256 of the presented token; `None` when the call carried none.
-    pub token_sha256: Option<String>,
-}
-
-impl WorkerAuth {
-    /// Reads `authorization: Bearer <token>` from a call's metadata.
-    pub fn from_metadata(rush_id: &str, md: &MetadataMap) -> Self {
-        let token = md
-            .get(zerg_proto::contract::TOKEN_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty() && t.len() <= 256);
-        Self {
-            rush_id: rush_id.to_string(),
-            token_sha256: token.map(hash_token),
-        }
-    }
-
-    /// The auth a worker holding `token` presents on the plane of `rush_id`.
-    pub fn for_token(rush_id: &str, token: &WorkerToken) -> Self {
-        Self {
-            rush_id: rush_id.to_string(),
-            token_sha256: Some(token.hash()),
-        }
+/// Who is calling: the rush the call came in for and the SHA-256 of the token it carried
+/// (`authorization: Bearer <token>`; none, or one over 256 bytes, counts as none).
+pub fn auth_from_metadata(rush_id: &str, md: &MetadataMap) -> WorkerAuth {
+    let token = md
+        .get(zerg_proto::contract::TOKEN_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.len() <= 256);
+    WorkerAuth {
+        rush_id: rush_id.to_string(),
+        token_sha256: token.map(hash_token),
     }
 }
 
@@ -240,7 +175,7 @@ impl PlaneService {
     /// Who is calling: the rush of the socket (or, on the TCP plane, the one the call names)
     /// and the token it carried.
     fn auth(&self, md: &MetadataMap, claimed: &str) -> WorkerAuth {
-        WorkerAuth::from_metadata(self.rush_id.as_deref().unwrap_or(claimed), md)
+        auth_from_metadata(self.rush_id.as_deref().unwrap_or(claimed), md)
     }
 
     /// Checks the request at the edge, hands it to the supervisor with who sent it, and turns
@@ -264,16 +199,16 @@ impl PlaneService {
             .map_err(Status::from)
     }
 
-    /// The lease's git view, for a fetch or a push: the caller must hold the lease.
-    async fn objects(
+    /// Where the lease's files go and how large a push may be: the caller must hold the lease.
+    async fn lease_files(
         &self,
         md: &MetadataMap,
         caller: Caller,
         lease: LeaseRef,
-    ) -> Result<CommitCheck, Status> {
+    ) -> Result<LeaseFiles, Status> {
         let auth = self.auth(md, &caller.rush_id);
         self.handle
-            .ask(|tx| Event::Worker(auth, WorkerCmd::Objects(caller, lease, tx)))
+            .ask(|tx| Event::Worker(auth, WorkerCmd::LeaseFiles(caller, lease, tx)))
             .await
             .map_err(Status::from)
     }
@@ -352,51 +287,6 @@ impl Artifact {
 /// Bytes per message of a pack on the wire.
 const PACK_CHUNK: usize = 256 * 1024;
 
-/// Builds the pack of what a worker lacks for `check`'s base (and the checkpoint it resumes
-/// from, with that checkpoint's parent, which applying it needs), in a temporary file.
-fn base_pack(
-    check: &CommitCheck,
-    haves: &[String],
-) -> Result<(std::fs::File, Vec<String>, bool, u64), String> {
-    if check.base.is_empty() {
-        return Err("the lease has no base commit to fetch".into());
-    }
-    let git = crate::supervisor::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
-    let mut wants = vec![check.base.clone()];
-    if !check.resume_from.is_empty() {
-        wants.push(check.resume_from.clone());
-        wants.extend(
-            git.parents(&check.resume_from)
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .take(1),
-        );
-    }
-    let objects = git
-        .snapshot_objects(&wants, haves)
-        .map_err(|e| e.to_string())?;
-    let file = tempfile::tempfile().map_err(|e| format!("cannot make a temporary file: {e}"))?;
-    let size = git
-        .write_pack(&objects, file.try_clone().map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    Ok((file, wants, git.is_sha256(), size))
-}
-
-/// Indexes a pushed pack in quarantine, checks the commit there, and moves the pack into the
-/// repository; returns how many objects it held.
-fn receive_push(check: &CommitCheck, commit: &str, pack: std::fs::File) -> Result<u64, String> {
-    let git = crate::supervisor::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
-    let common = crate::git::objects::common_dir_in(&git);
-    let incoming = zerg_git::transfer::Incoming::index(&common, pack, check.pack_limits)?;
-    let q = incoming
-        .repo()
-        .map_err(|e| format!("cannot open the quarantine: {e}"))?;
-    q.check_task_commit(&check.base, commit, &check.protected)?;
-    let n = incoming.objects_count as u64;
-    incoming.accept(&common)?;
-    Ok(n)
-}
-
 fn ack(_: ()) -> v1::Ack {
     v1::Ack {}
 }
@@ -465,12 +355,17 @@ impl Worker for PlaneService {
     ) -> Result<Response<Self::FetchBaseStream>, Status> {
         let md = req.metadata().clone();
         let (caller, lease, haves) = crate::wire::worker::fetch_request(req.into_inner())?;
-        let check = self.objects(&md, caller, lease).await?;
-        let (file, shallow, sha256, size) =
-            tokio::task::spawn_blocking(move || base_pack(&check, &haves))
-                .await
-                .map_err(|e| Status::internal(format!("the pack could not be built: {e}")))?
-                .map_err(Status::failed_precondition)?;
+        let auth = self.auth(&md, &caller.rush_id);
+        let BasePack {
+            file,
+            shallow,
+            sha256,
+            size,
+        } = self
+            .handle
+            .ask(|tx| Event::Worker(auth, WorkerCmd::FetchBase(caller, lease, haves, tx)))
+            .await
+            .map_err(Status::from)?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             use std::io::{Read, Seek};
@@ -521,8 +416,8 @@ impl Worker for PlaneService {
             .await?
             .ok_or_else(|| Status::invalid_argument("an artifact needs a first message"))?;
         let (caller, lease, name) = crate::wire::worker::artifact_header(&mut first)?;
-        let check = self.objects(&md, caller, lease).await?;
-        let mut out = Artifact::create(&check.artifacts, &name, check.artifact_cap)
+        let files = self.lease_files(&md, caller, lease).await?;
+        let mut out = Artifact::create(&files.artifacts, &name, files.artifact_cap)
             .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
         let mut data = first.data;
         loop {
@@ -551,8 +446,10 @@ impl Worker for PlaneService {
             .ok_or_else(|| Status::invalid_argument("a push needs a first message"))?;
         let head = crate::wire::worker::PushHeader::try_from(first)?;
         let (caller, lease) = (head.caller.clone(), head.lease.clone());
-        let check = self.objects(&md, caller.clone(), lease.clone()).await?;
-        let max = check.pack_limits.max_pack;
+        let max = self
+            .lease_files(&md, caller.clone(), lease.clone())
+            .await?
+            .max_pack;
         if head.size > max {
             let why = format!(
                 "the pack's {} bytes are more than the {max} bytes allowed",
@@ -582,10 +479,13 @@ impl Worker for PlaneService {
         }
         file.rewind()
             .map_err(|e| Status::internal(format!("spool: {e}")))?;
-        let commit = head.commit;
-        let done = tokio::task::spawn_blocking(move || receive_push(&check, &commit, file))
+        let auth = self.auth(&md, &caller.rush_id);
+        let (c, l, commit) = (caller.clone(), lease.clone(), head.commit);
+        let done = self
+            .handle
+            .ask(|tx| Event::Worker(auth, WorkerCmd::PushObjects(c, l, commit, file, tx)))
             .await
-            .map_err(|e| Status::internal(format!("the pack check stopped: {e}")))?;
+            .map_err(Status::from)?;
         match done {
             Ok(objects) => Ok(Response::new(v1::PushReply { objects })),
             Err(why) => Err(self.refuse_push(&md, caller, lease, why).await),
@@ -596,18 +496,7 @@ impl Worker for PlaneService {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_random_hex_and_never_printed() {
-        let a = WorkerToken::generate();
-        let b = WorkerToken::generate();
-        assert_ne!(a, b);
-        assert_eq!(a.expose().len(), 64);
-        assert!(a.expose().chars().all(|c| c.is_ascii_hexdigit()));
-        assert!(!format!("{a:?}").contains(a.expose()));
-        assert_eq!(a.hash(), hash_token(a.expose()));
-        assert_ne!(a.hash(), a.expose());
-    }
+    use crate::launcher::WorkerToken;
 
     #[test]
     fn auth_reads_the_bearer_token() {
@@ -617,12 +506,9 @@ mod tests {
             zerg_proto::contract::TOKEN_METADATA,
             zerg_proto::contract::bearer(t.expose()).parse().unwrap(),
         );
+        assert_eq!(auth_from_metadata("r", &md), WorkerAuth::for_token("r", &t));
         assert_eq!(
-            WorkerAuth::from_metadata("r", &md),
-            WorkerAuth::for_token("r", &t)
-        );
-        assert_eq!(
-            WorkerAuth::from_metadata("r", &MetadataMap::new()).token_sha256,
+            auth_from_metadata("r", &MetadataMap::new()).token_sha256,
             None
         );
         let mut md = MetadataMap::new();
@@ -630,7 +516,7 @@ mod tests {
             zerg_proto::contract::TOKEN_METADATA,
             "Basic abc".parse().unwrap(),
         );
-        assert_eq!(WorkerAuth::from_metadata("r", &md).token_sha256, None);
+        assert_eq!(auth_from_metadata("r", &md).token_sha256, None);
     }
 
     #[test]

@@ -15,13 +15,13 @@ use zerg_proto::testkit::{git, skip};
 use zerg_proto::transport;
 use zerg_proto::v1;
 use zerg_proto::v1::worker_client::WorkerClient;
+use zergd::calls::WorkerAuth;
 use zergd::calls::{RetryTasks, RushKey, StartRush};
 use zergd::clock::SystemClock;
 use zergd::domain::Mode;
 use zergd::domain::{RushState, TaskStatus};
 use zergd::launcher::{BoxFuture, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec};
 use zergd::supervisor::{ControlCmd, Event, Handle, Settings, Supervisor, WorkerCmd};
-use zergd::worker_plane::WorkerAuth;
 
 /// A launcher that starts nothing: it hands each spawn to the test and lets the test end
 /// workers.
@@ -226,9 +226,16 @@ async fn status(h: &Handle, repo: &Path) -> v1::RushStatus {
         repo: repo.to_string_lossy().into(),
         feature: "f".into(),
     };
-    h.ask(|tx| Event::Control(ControlCmd::Status(req, tx)))
-        .await
-        .unwrap()
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let query = zergd::calls::StatusQuery::new(move |view| {
+        let answer = view.map(zergd::wire::status::rush_status);
+        Box::new(move || {
+            let _ = tx.send(answer);
+        })
+    });
+    h.send(Event::Control(ControlCmd::Status(req, query)))
+        .unwrap();
+    rx.await.unwrap().unwrap()
 }
 
 async fn start(

@@ -4,3 +4,11 @@
 
 pub use zerg_git::cli::*;
 pub use zerg_git::objects;
+
+/// The size limits on a worker's git objects that the rush's `container:` settings give.
+pub fn import_limits(c: &crate::config::ContainerConfig) -> objects::ImportLimits {
+    objects::ImportLimits {
+        max_object: c.max_object_size.0 as u64,
+        max_pack: c.max_pack_size.0 as u64,
+    }
+}

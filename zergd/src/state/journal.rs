@@ -31,221 +31,87 @@
 //! generation before) replays `.prev` and then the journal and loses nothing either. A crash at
 //! any step of a compaction leaves a document and records that replay to the same state.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{
-    EXECUTION_LOG_LIMIT, FORMAT_VERSION, LevelState, LogEntry, RushMeta, StateDoc, StateStore,
-    StoreError, TaskState, WorkerState, io, sync_dir,
+use super::doc::{
+    FORMAT_VERSION, LevelState, LogEntry, RushMeta, StateDoc, TaskState, Tracked, WorkerState,
 };
+use super::store::{StateStore, StoreError, io, parse_doc, sync_dir};
 use crate::domain::RushState;
+
+/// Loading a state document replays its journal: the store's reads live here, beside the
+/// replay.
+impl StateStore {
+    /// Loads the document, falling back to the backup if the main file is corrupt.
+    /// Returns `Ok(None)` when there is no state file.
+    pub fn load(&self) -> Result<Option<StateDoc>, StoreError> {
+        Ok(self.load_noting_backup()?.map(|(d, _)| d))
+    }
+
+    /// [`StateStore::load`], also saying what was out of the ordinary: a corrupt, truncated
+    /// or empty state file falls back to `<feature>.json.bak`, the previous generation, and a
+    /// journal record that cannot be trusted ends the replay (see [`journal`]). A file from a
+    /// newer zergd is refused, never replaced by an older backup.
+    pub fn load_noting_backup(&self) -> Result<Option<(StateDoc, Option<String>)>, StoreError> {
+        let path = self.path();
+        let primary = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("read", &path)(e)),
+        };
+        let (mut doc, note) = match parse_doc(&primary, &path) {
+            Ok(d) => (d, None),
+            Err(StoreError::Corrupt { message, .. }) => {
+                let bak = self.dir.join(format!("{}.json.bak", self.feature));
+                match fs::read(&bak).ok().map(|b| parse_doc(&b, &bak)) {
+                    Some(Ok(d)) => {
+                        let note = format!(
+                            "{} was corrupt ({message}); resumed from the previous generation, {}, and its journal",
+                            path.display(),
+                            bak.display()
+                        );
+                        (d, Some(note))
+                    }
+                    _ => return Err(StoreError::Corrupt { path, message }),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        self.remove_cut_off_writes();
+        let replayed = replay(self, &mut doc, note.is_some());
+        let note = match (note, replayed) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        if let Some(n) = &note {
+            tracing::warn!("{n}");
+        }
+        Ok(Some((doc, note)))
+    }
+
+    /// Removes the temp files of whole writes that a crash cut off (they are never renamed
+    /// into place, so nothing reads them).
+    fn remove_cut_off_writes(&self) {
+        let prefix = format!(".{}.json.tmp-", self.feature);
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
 
 /// The journal is compacted once it is larger than this and than twice the last document.
 const COMPACT_MIN_BYTES: u64 = 1 << 20;
-
-/// A map of the state document that remembers which entries were handed out for change since
-/// the last journal record. Reads go through `Deref` to the map; every way of getting an entry
-/// mutably marks it.
-#[derive(Debug, Clone)]
-pub struct Tracked<V> {
-    map: BTreeMap<String, V>,
-    touched: BTreeSet<String>,
-    all: bool,
-}
-
-impl<V> Default for Tracked<V> {
-    fn default() -> Self {
-        Self {
-            map: BTreeMap::new(),
-            touched: BTreeSet::new(),
-            all: false,
-        }
-    }
-}
-
-impl<V> Deref for Tracked<V> {
-    type Target = BTreeMap<String, V>;
-    fn deref(&self) -> &Self::Target {
-        &self.map
-    }
-}
-
-impl<V: PartialEq> PartialEq for Tracked<V> {
-    fn eq(&self, other: &Self) -> bool {
-        self.map == other.map
-    }
-}
-
-impl<V> From<BTreeMap<String, V>> for Tracked<V> {
-    fn from(map: BTreeMap<String, V>) -> Self {
-        Self {
-            map,
-            ..Self::default()
-        }
-    }
-}
-
-impl<'a, V> IntoIterator for &'a Tracked<V> {
-    type Item = (&'a String, &'a V);
-    type IntoIter = std::collections::btree_map::Iter<'a, String, V>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.map.iter()
-    }
-}
-
-impl<V: Serialize> Serialize for Tracked<V> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.map.serialize(s)
-    }
-}
-
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for Tracked<V> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        BTreeMap::deserialize(d).map(Self::from)
-    }
-}
-
-impl<V> Tracked<V> {
-    fn touch(&mut self, k: &str) {
-        if !self.all && !self.touched.contains(k) {
-            self.touched.insert(k.to_owned());
-        }
-    }
-
-    /// The entry `k`, for change.
-    pub fn get_mut(&mut self, k: &str) -> Option<&mut V> {
-        if self.map.contains_key(k) {
-            self.touch(k);
-        }
-        self.map.get_mut(k)
-    }
-
-    /// The entry `k`, for a change that need not reach the journal at once: it is written
-    /// with the next record that touches the entry, or the next compaction. Only for fields
-    /// that are refreshed continuously and whose loss in a crash costs nothing (the time of
-    /// the last heartbeat, its step and progress): a heartbeat would otherwise put its worker
-    /// into every record.
-    pub fn get_mut_unjournaled(&mut self, k: &str) -> Option<&mut V> {
-        self.map.get_mut(k)
-    }
-
-    /// The entry `k`, for change or insertion.
-    pub fn entry(&mut self, k: String) -> std::collections::btree_map::Entry<'_, String, V> {
-        self.touch(&k);
-        self.map.entry(k)
-    }
-
-    /// Sets the entry `k`.
-    pub fn insert(&mut self, k: String, v: V) -> Option<V> {
-        self.touch(&k);
-        self.map.insert(k, v)
-    }
-
-    /// Every entry, for change (all of them go into the next record).
-    pub fn values_mut(&mut self) -> std::collections::btree_map::ValuesMut<'_, String, V> {
-        self.all = true;
-        self.map.values_mut()
-    }
-
-    /// Every entry with its key, for change (all of them go into the next record).
-    pub fn iter_mut(&mut self) -> std::collections::btree_map::IterMut<'_, String, V> {
-        self.all = true;
-        self.map.iter_mut()
-    }
-
-    /// Forgets what was touched: it is on disk.
-    fn settle(&mut self) {
-        self.touched.clear();
-        self.all = false;
-    }
-
-    /// Whether anything was touched since the last record.
-    fn is_touched(&self) -> bool {
-        self.all || !self.touched.is_empty()
-    }
-
-    /// Applies a record's entries without marking them.
-    fn apply(&mut self, entries: BTreeMap<String, V>) {
-        self.map.extend(entries);
-    }
-}
-
-/// The execution log: the last [`EXECUTION_LOG_LIMIT`] entries, remembering how many were
-/// added since the last journal record.
-#[derive(Debug, Clone, Default)]
-pub struct ExecutionLog {
-    entries: VecDeque<LogEntry>,
-    fresh: usize,
-}
-
-impl Deref for ExecutionLog {
-    type Target = VecDeque<LogEntry>;
-    fn deref(&self) -> &Self::Target {
-        &self.entries
-    }
-}
-
-impl PartialEq for ExecutionLog {
-    fn eq(&self, other: &Self) -> bool {
-        self.entries == other.entries
-    }
-}
-
-impl Serialize for ExecutionLog {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.entries.serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for ExecutionLog {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Self {
-            entries: VecDeque::deserialize(d)?,
-            fresh: 0,
-        })
-    }
-}
-
-impl From<Vec<LogEntry>> for ExecutionLog {
-    fn from(entries: Vec<LogEntry>) -> Self {
-        Self {
-            entries: entries.into(),
-            fresh: 0,
-        }
-    }
-}
-
-impl ExecutionLog {
-    /// Appends an entry, dropping the oldest past the limit.
-    pub fn push(&mut self, entry: LogEntry) {
-        self.entries.push_back(entry);
-        self.fresh += 1;
-        self.trim();
-    }
-
-    fn trim(&mut self) {
-        while self.entries.len() > EXECUTION_LOG_LIMIT {
-            self.entries.pop_front();
-        }
-    }
-
-    /// The entries added since the last record (those still kept).
-    fn fresh(&self) -> impl Iterator<Item = &LogEntry> + Clone {
-        let n = self.fresh.min(self.entries.len());
-        self.entries.iter().skip(self.entries.len() - n)
-    }
-
-    fn apply(&mut self, entries: Vec<LogEntry>) {
-        self.entries.extend(entries);
-        self.trim();
-    }
-}
 
 /// The document's scalar fields: what a record carries in `head` when any of them changed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

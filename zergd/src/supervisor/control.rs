@@ -76,32 +76,25 @@ impl Supervisor {
         match c {
             ControlCmd::Rush(req, reply) => self.start_rush(req, reply, now, wall),
             // Read-your-writes: the answer goes out after the state it shows is on disk.
-            ControlCmd::Status(key, reply) => match self.find_whole(&key) {
+            ControlCmd::Status(key, query) => match self.find_whole(&key) {
                 Ok(id) => self.with_rush(&id, |r, fx| {
-                    fx.report(reply, Ok(crate::wire::status::rush_status(&r.view())))
+                    let send = query.answer(Ok(&r.view()));
+                    fx.replies.push(Box::new(move |_| send()));
                 }),
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
+                Err(e) => query.answer(Err(e))(),
             },
             ControlCmd::List(reply) => {
-                let rushes = self.summaries();
-                let _ = reply.send(Ok(v1::ListReply { rushes }));
+                let _ = reply.send(Ok(self.summaries()));
             }
-            ControlCmd::Watch(key, reply) => match self.find_whole(&key) {
+            ControlCmd::Watch(key, mut sink, reply) => match self.find_whole(&key) {
                 Ok(id) => {
-                    let (tx, rx) = mpsc::channel(64);
-                    let first = crate::wire::status::watch_event(
-                        None,
-                        Some(crate::wire::status::rush_status(&self.rushes[&id].view())),
-                    );
-                    let _ = tx.try_send(Ok(first));
+                    sink.send(None, Some(&self.rushes[&id].view()));
                     self.watchers.entry(id).or_default().push(super::Watcher {
-                        tx,
+                        sink,
                         sent_at: self.clock.now(),
                         owed: false,
                     });
-                    let _ = reply.send(Ok(rx));
+                    let _ = reply.send(Ok(()));
                 }
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -165,7 +158,7 @@ impl Supervisor {
         now: Instant,
         wall: std::time::SystemTime,
     ) {
-        let Some((repo, repo_s, reply)) = resolved(&req.repo, reply) else {
+        let Some((repo, repo_s, reply)) = park::resolved(&req.repo, reply) else {
             return;
         };
         let mode_given = req.mode.is_some();
@@ -303,20 +296,5 @@ impl Supervisor {
         r.doc.rush.max_usd = req.max_usd.or(r.config.budget.max_usd);
         r.start(now, wall, &mut fx);
         self.pending.push((id, fx));
-    }
-}
-
-/// The repository a request names (its root, and that as a string), or `None` once the caller
-/// has been told why there is none.
-pub(super) fn resolved<T>(repo: &str, reply: Reply<T>) -> Option<(PathBuf, String, Reply<T>)> {
-    match jobs::resolve_repo(repo) {
-        Ok(r) => {
-            let s = r.to_string_lossy().to_string();
-            Some((r, s, reply))
-        }
-        Err(e) => {
-            let _ = reply.send(Err(e));
-            None
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! Running what the state machine asked for once the state is saved: spawning, stopping and
 //! draining workers, sweeping an ended rush's containers, merges, and the worker planes.
 
-use super::recovery::append_escalations;
+use super::escalations::append_escalations;
 use super::*;
 
 impl Supervisor {
@@ -144,7 +144,9 @@ impl Supervisor {
             let list = fx.escalations.clone();
             tokio::task::spawn_blocking(move || append_escalations(&dir, &list));
         }
+        let import = object_import(r);
         for (w, generation, spec) in spawns {
+            let import = import.clone();
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
@@ -162,25 +164,40 @@ impl Supervisor {
                         return;
                     }
                 };
-                let wt = spec.worktree.clone();
-                let repo = spec.repo.clone();
-                let branch = spec.branch.clone();
-                let ensure = tokio::task::spawn_blocking(move || {
-                    let start = crate::git::rev(&repo, "HEAD").unwrap_or_default();
-                    let trusted = crate::git::Trusted::new(&repo, &base);
-                    crate::git::ensure_worktree(&repo, &wt, &branch, &start, &trusted)
+                // The worktree, and for a container its host side, are made here: launchers do
+                // no git.
+                let prepared = tokio::task::spawn_blocking(move || {
+                    let mut spec = spec;
+                    let start = crate::git::rev(&spec.repo, "HEAD").unwrap_or_default();
+                    let trusted = crate::git::Trusted::new(&spec.repo, &base);
+                    crate::git::ensure_worktree(
+                        &spec.repo,
+                        &spec.worktree,
+                        &spec.branch,
+                        &start,
+                        &trusted,
+                    )
+                    .map_err(|e| SpawnError::new(e.to_string()))?;
+                    if mode == Mode::Container {
+                        spec.container.host = Some(crate::container_host::prepare(&spec)?);
+                    }
+                    Ok::<_, SpawnError>(spec)
                 })
-                .await;
-                if let Ok(Err(e)) = ensure {
-                    let _ = tx.send(Event::Spawned {
-                        rush: rid,
-                        worker: w,
-                        generation,
-                        result: Err(SpawnError::new(e.to_string())),
-                    });
-                    return;
-                }
-                let sink = exit_sink(&tx, &rid, w, generation);
+                .await
+                .unwrap_or_else(|e| Err(SpawnError::new(format!("spawn preparation failed: {e}"))));
+                let spec = match prepared {
+                    Ok(spec) => spec,
+                    Err(e) => {
+                        let _ = tx.send(Event::Spawned {
+                            rush: rid,
+                            worker: w,
+                            generation,
+                            result: Err(e),
+                        });
+                        return;
+                    }
+                };
+                let sink = exit_sink(&tx, &rid, w, generation, import);
                 let result = launcher.spawn(spec, sink).await;
                 let _ = tx.send(Event::Spawned {
                     rush: rid,
@@ -322,7 +339,7 @@ impl Supervisor {
                 memory_bytes: res.container_memory_limit.0,
                 cpus: res.container_cpu_limit,
                 pids_limit: res.container_pids_limit,
-                import_limits: r.config.container.import_limits(),
+                host: None,
                 log_max_bytes: r.config.container.log_max_size.0 as u64,
             },
             env_passthrough: r.config.agent.env_passthrough.clone(),
@@ -338,21 +355,61 @@ impl Supervisor {
     }
 }
 
-/// A sink that turns a worker's exit into an [`Event::Exited`].
+/// Where a container worker's git objects are taken from when it exits.
+#[derive(Debug, Clone)]
+pub(super) struct ObjectImport {
+    /// The repository (its common git dir is found from it).
+    repo: PathBuf,
+    /// The feature, which names the worker's private git dir.
+    feature: String,
+    /// The rush's limits (`container.max_object_size`, `container.max_pack_size`).
+    limits: crate::git::objects::ImportLimits,
+}
+
+/// What to import from a rush's workers when they exit: for container mode only (swarm and
+/// kubernetes workers push their objects; subprocess workers write the repository's).
+pub(super) fn object_import(r: &Rush) -> Option<ObjectImport> {
+    (r.doc.rush.mode == Mode::Container).then(|| ObjectImport {
+        repo: r.paths.repo.clone(),
+        feature: r.doc.feature.clone(),
+        limits: crate::git::import_limits(&r.config.container),
+    })
+}
+
+/// A sink that turns a worker's exit into an [`Event::Exited`]; a container worker's git
+/// objects are imported (verified, within the rush's limits) first, so the supervisor sees its
+/// last commit when it handles the exit.
 pub(super) fn exit_sink(
     tx: &mpsc::UnboundedSender<Event>,
     rush: &str,
     worker: u32,
     generation: u64,
+    import: Option<ObjectImport>,
 ) -> crate::launcher::ExitSink {
     let tx = tx.clone();
     let rush = rush.to_string();
+    let runtime = tokio::runtime::Handle::current();
     Box::new(move |info| {
-        let _ = tx.send(Event::Exited {
+        let exited = Event::Exited {
             rush,
             worker,
             generation,
             info,
+        };
+        let Some(o) = import else {
+            let _ = tx.send(exited);
+            return;
+        };
+        runtime.spawn(async move {
+            let r = tokio::task::spawn_blocking(move || {
+                let common = crate::git::objects::common_dir_of(&o.repo)?;
+                crate::git::objects::import_objects(&common, &o.feature, worker, o.limits)
+            })
+            .await;
+            if let Ok(Err(e)) = r {
+                tracing::warn!(worker, error = %e, "cannot import the worker's git objects");
+            }
+            let _ = tx.send(exited);
         });
     })
 }
@@ -361,7 +418,7 @@ pub(super) fn exit_sink(
 /// ended and its containers are gone.
 pub(super) async fn remove_rush_area(repo: PathBuf, feature: String) {
     let r = tokio::task::spawn_blocking(move || {
-        crate::launcher::container::remove_rush_area(&repo, &feature)
+        crate::container_host::remove_rush_area(&repo, &feature)
     })
     .await;
     if let Ok(Err(e)) = r {

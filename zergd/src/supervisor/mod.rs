@@ -8,6 +8,7 @@
 
 mod control;
 mod effects;
+mod escalations;
 pub mod jobs;
 mod park;
 mod recovery;
@@ -22,13 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::calls::{
-    Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome, LeaseRef,
-    Register, Registration, RetryTasks, RushKey, StartRush, Started, StopRush,
+    BasePack, Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseFiles,
+    LeaseOutcome, LeaseRef, PruneReport, PruneRequest, Register, Registration, RetryTasks, RushKey,
+    StartRush, Started, StatusQuery, StopRush, WatchSink, WorkerAuth,
 };
 use crate::error::SupervisorError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use zerg_proto::v1;
 
 use crate::clock::Clock;
 use crate::domain::{Mode, RushState};
@@ -37,7 +38,6 @@ use crate::launcher::subprocess::SubprocessLauncher;
 use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
 use crate::monitor::Monitor;
 use crate::state::{Registry, RegistryEntry, StateStore, Summary};
-use crate::worker_plane::WorkerAuth;
 use rush::{CommitCheck, Effects, MergeResult, Rush};
 
 /// The least time between two status snapshots to one `Watch` client while the rush runs.
@@ -47,8 +47,8 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
 
 /// One `Watch` client.
 pub(super) struct Watcher {
-    /// Its stream.
-    pub tx: mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>,
+    /// Where its updates go.
+    pub sink: Box<dyn WatchSink>,
     /// When it was last sent a snapshot.
     pub sent_at: Instant,
     /// The rush changed since its last snapshot.
@@ -58,7 +58,7 @@ pub(super) struct Watcher {
 impl Watcher {
     /// Whether it has taken everything sent to it.
     fn drained(&self) -> bool {
-        self.tx.capacity() == self.tx.max_capacity()
+        self.sink.drained()
     }
 }
 
@@ -69,21 +69,18 @@ pub type Reply<T> = oneshot::Sender<Result<T, SupervisorError>>;
 pub enum ControlCmd {
     /// Start or resume a rush.
     Rush(StartRush, Reply<Started>),
-    /// The status of a rush.
-    Status(RushKey, Reply<v1::RushStatus>),
-    /// All rushes.
-    List(Reply<v1::ListReply>),
-    /// Subscribe to a rush's status.
-    Watch(
-        RushKey,
-        Reply<mpsc::Receiver<Result<v1::WatchEvent, tonic::Status>>>,
-    ),
+    /// The status of a rush, as the question projects it.
+    Status(RushKey, StatusQuery),
+    /// All rushes, by their registry entries.
+    List(Reply<Vec<RegistryEntry>>),
+    /// Subscribe to a rush's status: the sink gets a snapshot at once, then its lines.
+    Watch(RushKey, Box<dyn WatchSink>, Reply<()>),
     /// Stop a rush; answers how many workers were signalled.
     Stop(StopRush, Reply<u32>),
     /// Requeue failed tasks; answers which.
     Retry(RetryTasks, Reply<Vec<String>>),
     /// Remove what ended rushes left on disk.
-    Prune(v1::PruneRequest, Reply<v1::PruneReply>),
+    Prune(PruneRequest, Reply<PruneReport>),
     /// Exit zergd.
     Shutdown(Reply<()>),
 }
@@ -102,8 +99,19 @@ pub enum WorkerCmd {
     Fail(Failure, Reply<()>),
     /// An escalation.
     Escalate(EscalationReport, Reply<()>),
-    /// A remote worker fetches its lease's base or pushes its objects: the lease's git view.
-    Objects(Caller, LeaseRef, Reply<CommitCheck>),
+    /// Where a remote worker's files of its lease go, and how large a push may be.
+    LeaseFiles(Caller, LeaseRef, Reply<LeaseFiles>),
+    /// A remote worker fetches its lease's base, less the objects of the commits it has.
+    FetchBase(Caller, LeaseRef, Vec<String>, Reply<BasePack>),
+    /// A remote worker pushed the pack of `commit` (spooled to the file): checked in quarantine
+    /// and moved in, answering how many objects it held, or why it is refused.
+    PushObjects(
+        Caller,
+        LeaseRef,
+        String,
+        std::fs::File,
+        Reply<Result<u64, String>>,
+    ),
     /// A remote worker's pack was refused (recorded as an event, with the reason).
     PushRefused(Caller, LeaseRef, String, Reply<()>),
 }
@@ -126,7 +134,10 @@ impl WorkerCmd {
             WorkerCmd::Complete(c, _) => &c.caller,
             WorkerCmd::Fail(f, _) => &f.caller,
             WorkerCmd::Escalate(e, _) => &e.caller,
-            WorkerCmd::Objects(c, ..) | WorkerCmd::PushRefused(c, ..) => c,
+            WorkerCmd::LeaseFiles(c, ..)
+            | WorkerCmd::FetchBase(c, ..)
+            | WorkerCmd::PushObjects(c, ..)
+            | WorkerCmd::PushRefused(c, ..) => c,
         }
     }
 
@@ -139,7 +150,9 @@ impl WorkerCmd {
             WorkerCmd::Complete(_, r) => drop(r.send(Err(e))),
             WorkerCmd::Fail(_, r) => drop(r.send(Err(e))),
             WorkerCmd::Escalate(_, r) => drop(r.send(Err(e))),
-            WorkerCmd::Objects(_, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::LeaseFiles(_, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::FetchBase(_, _, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::PushObjects(_, _, _, _, r) => drop(r.send(Err(e))),
             WorkerCmd::PushRefused(_, _, _, r) => drop(r.send(Err(e))),
         }
     }
@@ -219,6 +232,13 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// Sends an event whose answer comes back some other way (a [`StatusQuery`]).
+    pub fn send(&self, event: Event) -> Result<(), SupervisorError> {
+        self.tx
+            .send(event)
+            .map_err(|_| SupervisorError::unavailable("the supervisor is not running"))
+    }
+
     /// Sends a command and waits for its reply.
     pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, SupervisorError> {
         let (tx, rx) = oneshot::channel();
@@ -251,7 +271,7 @@ struct Launchers {
     kubernetes: Arc<tokio::sync::OnceCell<Arc<dyn Launcher>>>,
     /// The `kubernetes:` settings of the first kubernetes rush: one zergd drives one cluster
     /// namespace with one set of settings.
-    kube_settings: Arc<std::sync::Mutex<Option<crate::launcher::kubernetes::KubernetesSettings>>>,
+    kube_settings: Arc<std::sync::Mutex<Option<crate::config::KubernetesSettings>>>,
 }
 
 impl Launchers {
@@ -492,7 +512,7 @@ impl Supervisor {
                 changed_registry |= self.registered.get(r.id()) != Some(&r.doc.rush.state);
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
-                    ws.retain(|w| !w.tx.is_closed());
+                    ws.retain(|w| !w.sink.is_closed());
                     // One event per line; the last one carries the new status. A watcher gets
                     // a snapshot at most every SNAPSHOT_EVERY, and only once it has taken
                     // everything sent to it (so at most one waits in its queue); otherwise it
@@ -501,7 +521,7 @@ impl Supervisor {
                     // one) always goes out at once.
                     let n = msgs.len().max(1);
                     let ended = r.state() != RushState::Running;
-                    let mut status: Option<v1::RushStatus> = None;
+                    let view = r.view();
                     for w in ws.iter_mut() {
                         let send = ended
                             || (w.drained() && now.duration_since(w.sent_at) >= SNAPSHOT_EVERY);
@@ -510,19 +530,11 @@ impl Supervisor {
                             w.sent_at = now;
                         }
                         for i in 0..n {
-                            let st = (i + 1 == n && send).then(|| {
-                                status
-                                    .get_or_insert_with(|| {
-                                        crate::wire::status::rush_status(&r.view())
-                                    })
-                                    .clone()
-                            });
-                            if msgs.get(i).is_none() && st.is_none() {
+                            let snapshot = (i + 1 == n && send).then_some(&view);
+                            if msgs.get(i).is_none() && snapshot.is_none() {
                                 continue;
                             }
-                            let _ = w
-                                .tx
-                                .try_send(Ok(crate::wire::status::watch_event(msgs.get(i), st)));
+                            w.sink.send(msgs.get(i), snapshot);
                         }
                     }
                 }
@@ -546,7 +558,7 @@ impl Supervisor {
             let Some(r) = self.rushes.get(id) else {
                 continue;
             };
-            let mut status: Option<v1::RushStatus> = None;
+            let view = r.view();
             for w in ws.iter_mut().filter(|w| w.owed) {
                 let due = w.sent_at + SNAPSHOT_EVERY;
                 if now < due || !w.drained() {
@@ -554,11 +566,7 @@ impl Supervisor {
                     next = Some(next.map_or(at, |n| n.min(at)));
                     continue;
                 }
-                let st = status
-                    .get_or_insert_with(|| crate::wire::status::rush_status(&r.view()))
-                    .clone();
-                let _ =
-                    w.tx.try_send(Ok(crate::wire::status::watch_event(None, Some(st))));
+                w.sink.send(None, Some(&view));
                 w.owed = false;
                 w.sent_at = now;
             }
@@ -705,18 +713,23 @@ impl Supervisor {
 }
 
 /// A rush's line in the registry, with what `list` shows of it.
-fn registry_entry(r: &Rush) -> RegistryEntry {
-    let sum = crate::wire::status::rush_summary(&r.doc);
+pub(super) fn registry_entry(r: &Rush) -> RegistryEntry {
+    let complete = r
+        .doc
+        .tasks
+        .values()
+        .filter(|t| t.status == crate::domain::TaskStatus::Complete)
+        .count();
     RegistryEntry {
         rush_id: r.id().to_string(),
         repo: r.doc.rush.repo.clone(),
         feature: r.doc.feature.clone(),
         state: r.doc.rush.state,
         summary: Summary {
-            started_at: sum.started_at,
+            started_at: r.doc.started_at.clone(),
             finished_at: r.doc.rush.finished_at.clone(),
-            tasks_total: sum.tasks_total,
-            tasks_complete: sum.tasks_complete,
+            tasks_total: r.doc.tasks.len() as u32,
+            tasks_complete: complete as u32,
             mode: r.doc.rush.mode,
         },
     }

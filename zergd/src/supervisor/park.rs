@@ -7,6 +7,7 @@
 //! only what its live rushes need.
 
 use super::*;
+use crate::calls::PrunedRush;
 
 /// What a command sees of a rush zergd knows, loaded or parked.
 pub(super) struct Known<'a> {
@@ -42,23 +43,15 @@ impl Supervisor {
         loaded.chain(parked)
     }
 
-    /// The `list` line of every rush zergd knows.
-    pub(super) fn summaries(&self) -> Vec<v1::RushSummary> {
-        let mut rushes: Vec<v1::RushSummary> = self
+    /// The `list` line of every rush zergd knows, oldest first.
+    pub(super) fn summaries(&self) -> Vec<RegistryEntry> {
+        let mut rushes: Vec<RegistryEntry> = self
             .rushes
             .values()
-            .map(|r| crate::wire::status::rush_summary(&r.doc))
-            .chain(self.parked.values().map(|e| v1::RushSummary {
-                rush_id: e.rush_id.clone(),
-                repo: e.repo.clone(),
-                feature: e.feature.clone(),
-                state: crate::wire::state::<v1::RushState>(e.state),
-                tasks_total: e.summary.tasks_total,
-                tasks_complete: e.summary.tasks_complete,
-                started_at: e.summary.started_at.clone(),
-            }))
+            .map(super::registry_entry)
+            .chain(self.parked.values().cloned())
             .collect();
-        rushes.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+        rushes.sort_by(|a, b| a.summary.started_at.cmp(&b.summary.started_at));
         rushes
     }
 
@@ -96,7 +89,7 @@ impl Supervisor {
     /// clients that have gone.
     pub(super) fn park_ended(&mut self) {
         self.watchers.retain(|_, ws| {
-            ws.retain(|w| !w.tx.is_closed());
+            ws.retain(|w| !w.sink.is_closed());
             !ws.is_empty()
         });
         let idle: Vec<String> = self
@@ -156,7 +149,7 @@ pub(super) fn load_rush(e: &RegistryEntry, now: Instant) -> Result<Option<Rush>,
     let (graph, config, paths, spec_context) = jobs::load_snapshot(&repo, &e.feature)
         .map_err(|why| format!("cannot load the rush's snapshot: {why}"))?;
     let mut r = Rush::new(doc, graph, config, paths, spec_context, now);
-    r.escalations = super::recovery::load_escalations(&r);
+    r.escalations = super::escalations::load_escalations(&r);
     // Resuming from the backup rewrites the state file at once.
     r.dirty = note.is_some();
     Ok(Some(r))
@@ -167,14 +160,14 @@ impl Supervisor {
     /// files in the background and answers with what went and what stayed.
     pub(super) fn prune(
         &mut self,
-        req: v1::PruneRequest,
-        reply: Reply<v1::PruneReply>,
+        req: PruneRequest,
+        reply: Reply<PruneReport>,
         wall: std::time::SystemTime,
     ) {
-        let Some((repo, repo_s, reply)) = super::control::resolved(&req.repo, reply) else {
+        let Some((repo, repo_s, reply)) = resolved(&req.repo, reply) else {
             return;
         };
-        let older_than = Duration::from_secs(req.older_than_seconds);
+        let older_than = req.older_than;
         let mut listed: Vec<(String, String, RushState)> = self
             .known()
             .filter(|k| k.repo == repo_s && (req.feature.is_empty() || k.feature == req.feature))
@@ -195,10 +188,10 @@ impl Supervisor {
                 Some(r) => r.doc.rush.finished_at.clone(),
                 None => self.parked[&id].summary.finished_at.clone(),
             };
-            let mut row = v1::PrunedRush {
+            let mut row = PrunedRush {
                 feature: feature.clone(),
                 rush_id: id.clone(),
-                state: crate::wire::state::<v1::RushState>(state),
+                state,
                 finished_at: finished_at.clone(),
                 ..Default::default()
             };
@@ -262,7 +255,7 @@ impl Supervisor {
                 report.push(row);
             }
             report.sort_by(|a, b| a.feature.cmp(&b.feature));
-            let _ = reply.send(Ok(v1::PruneReply {
+            let _ = reply.send(Ok(PruneReport {
                 rushes: report,
                 dry_run,
             }));
@@ -281,4 +274,19 @@ fn ended_within(
     let ago = wall.duration_since(at).unwrap_or_default();
     (ago < older_than)
         .then(|| humantime::format_duration(Duration::from_secs(ago.as_secs())).to_string())
+}
+
+/// The repository a request names (its root, and that as a string), or `None` once the caller
+/// has been told why there is none.
+pub(super) fn resolved<T>(repo: &str, reply: Reply<T>) -> Option<(PathBuf, String, Reply<T>)> {
+    match jobs::resolve_repo(repo) {
+        Ok(r) => {
+            let s = r.to_string_lossy().to_string();
+            Some((r, s, reply))
+        }
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            None
+        }
+    }
 }

@@ -91,8 +91,37 @@ impl Supervisor {
             WorkerCmd::Escalate(req, reply) => {
                 self.reply_in(&id, reply, |r, fx| r.on_escalate(req, wall, fx));
             }
-            WorkerCmd::Objects(caller, lease, reply) => {
-                let _ = reply.send(self.rushes[&id].commit_check(&caller, &lease));
+            WorkerCmd::LeaseFiles(caller, lease, reply) => {
+                let files = self.rushes[&id]
+                    .commit_check(&caller, &lease)
+                    .map(|c| LeaseFiles {
+                        artifacts: c.artifacts,
+                        artifact_cap: c.artifact_cap,
+                        max_pack: c.pack_limits.max_pack,
+                    });
+                let _ = reply.send(files);
+            }
+            WorkerCmd::FetchBase(caller, lease, haves, reply) => {
+                match self.rushes[&id].commit_check(&caller, &lease) {
+                    Ok(check) => {
+                        tokio::task::spawn_blocking(move || {
+                            let pack = base_pack(&check, &haves)
+                                .map_err(SupervisorError::failed_precondition);
+                            let _ = reply.send(pack);
+                        });
+                    }
+                    Err(e) => drop(reply.send(Err(e))),
+                }
+            }
+            WorkerCmd::PushObjects(caller, lease, commit, pack, reply) => {
+                match self.rushes[&id].commit_check(&caller, &lease) {
+                    Ok(check) => {
+                        tokio::task::spawn_blocking(move || {
+                            let _ = reply.send(Ok(receive_push(&check, &commit, pack)));
+                        });
+                    }
+                    Err(e) => drop(reply.send(Err(e))),
+                }
             }
             WorkerCmd::PushRefused(caller, lease, why, reply) => {
                 self.reply_in(&id, reply, |r, _| {
@@ -190,4 +219,52 @@ pub(super) fn verify_commit(
         }
     }
     Ok(())
+}
+
+/// Builds the pack of what a worker lacks for `check`'s base (and the checkpoint it resumes
+/// from, with that checkpoint's parent, which applying it needs), in a temporary file.
+fn base_pack(check: &CommitCheck, haves: &[String]) -> Result<BasePack, String> {
+    if check.base.is_empty() {
+        return Err("the lease has no base commit to fetch".into());
+    }
+    let git = super::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
+    let mut wants = vec![check.base.clone()];
+    if !check.resume_from.is_empty() {
+        wants.push(check.resume_from.clone());
+        wants.extend(
+            git.parents(&check.resume_from)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .take(1),
+        );
+    }
+    let objects = git
+        .snapshot_objects(&wants, haves)
+        .map_err(|e| e.to_string())?;
+    let file = tempfile::tempfile().map_err(|e| format!("cannot make a temporary file: {e}"))?;
+    let size = git
+        .write_pack(&objects, file.try_clone().map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    Ok(BasePack {
+        file,
+        shallow: wants,
+        sha256: git.is_sha256(),
+        size,
+    })
+}
+
+/// Indexes a pushed pack in quarantine, checks the commit there (the same check as a
+/// [`verify_commit`]), and moves the pack into the
+/// repository; returns how many objects it held.
+fn receive_push(check: &CommitCheck, commit: &str, pack: std::fs::File) -> Result<u64, String> {
+    let git = super::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
+    let common = crate::git::objects::common_dir_in(&git);
+    let incoming = zerg_git::transfer::Incoming::index(&common, pack, check.pack_limits)?;
+    let q = incoming
+        .repo()
+        .map_err(|e| format!("cannot open the quarantine: {e}"))?;
+    q.check_task_commit(&check.base, commit, &check.protected)?;
+    let n = incoming.objects_count as u64;
+    incoming.accept(&common)?;
+    Ok(n)
 }

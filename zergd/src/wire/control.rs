@@ -3,7 +3,9 @@
 
 use zerg_proto::v1;
 
-use crate::calls::{RetryTasks, RushKey, StartRush, Started, StopRush};
+use crate::calls::{
+    PruneReport, PruneRequest, PrunedRush, RetryTasks, RushKey, StartRush, Started, StopRush,
+};
 use crate::error::SupervisorError;
 
 /// Longest repository path or feature name accepted.
@@ -111,6 +113,42 @@ impl From<Started> for v1::RushReply {
             resumed: s.resumed,
             mode: super::state::<v1::LaunchMode>(s.mode),
             workers: s.workers,
+        }
+    }
+}
+
+impl From<v1::PruneRequest> for PruneRequest {
+    fn from(r: v1::PruneRequest) -> Self {
+        Self {
+            repo: r.repo,
+            feature: r.feature,
+            older_than: std::time::Duration::from_secs(r.older_than_seconds),
+            dry_run: r.dry_run,
+            branches: r.branches,
+        }
+    }
+}
+
+impl From<PrunedRush> for v1::PrunedRush {
+    fn from(r: PrunedRush) -> Self {
+        Self {
+            feature: r.feature,
+            rush_id: r.rush_id,
+            state: super::state::<v1::RushState>(r.state),
+            finished_at: r.finished_at,
+            pruned: r.pruned,
+            removed: r.removed,
+            kept: r.kept,
+            bytes: r.bytes,
+        }
+    }
+}
+
+impl From<PruneReport> for v1::PruneReply {
+    fn from(r: PruneReport) -> Self {
+        Self {
+            rushes: r.rushes.into_iter().map(Into::into).collect(),
+            dry_run: r.dry_run,
         }
     }
 }

@@ -1,14 +1,16 @@
-//! The `RushStatus` and `RushSummary` messages, projected from a rush's state.
+//! The `RushStatus`, `RushSummary` and `WatchEvent` messages, projected from what the
+//! supervisor hands out (a rush's view, its registry entry, its event lines).
 
+use tokio::sync::mpsc;
 use zerg_proto::v1;
 
 use std::collections::BTreeMap;
 
-use crate::calls::{Escalation, RushView};
+use crate::calls::{Escalation, RushView, WatchSink};
 use crate::domain::staging_branch;
 use crate::domain::{RushState, TaskStatus};
 use crate::monitor::{Level, MonitorEvent};
-use crate::state::{ModelSpend, StateDoc, Tokens};
+use crate::state::{ModelSpend, RegistryEntry, Tokens};
 use crate::wire;
 
 /// The full status of a rush.
@@ -186,20 +188,16 @@ fn tokens(t: &Tokens) -> v1::Tokens {
     }
 }
 
-/// A one-line summary of a rush for `List`.
-pub fn rush_summary(doc: &StateDoc) -> v1::RushSummary {
+/// A rush's line in `List`, from its registry entry.
+pub fn rush_summary(e: &RegistryEntry) -> v1::RushSummary {
     v1::RushSummary {
-        rush_id: doc.rush.rush_id.clone(),
-        repo: doc.rush.repo.clone(),
-        feature: doc.feature.clone(),
-        state: wire::state::<v1::RushState>(doc.rush.state),
-        tasks_total: doc.tasks.len() as u32,
-        tasks_complete: doc
-            .tasks
-            .values()
-            .filter(|t| t.status == TaskStatus::Complete)
-            .count() as u32,
-        started_at: doc.started_at.clone(),
+        rush_id: e.rush_id.clone(),
+        repo: e.repo.clone(),
+        feature: e.feature.clone(),
+        state: wire::state::<v1::RushState>(e.state),
+        tasks_total: e.summary.tasks_total,
+        tasks_complete: e.summary.tasks_complete,
+        started_at: e.summary.started_at.clone(),
     }
 }
 
@@ -230,5 +228,25 @@ pub fn watch_event(ev: Option<&MonitorEvent>, status: Option<v1::RushStatus>) ->
                 Level::Error => v1::EventLevel::Error,
             })
             .unwrap_or(v1::EventLevel::Unspecified) as i32,
+    }
+}
+
+/// A `Watch` stream as a [`WatchSink`]: each update becomes one [`v1::WatchEvent`], projected
+/// as it is sent.
+pub struct WatchStream(pub mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>);
+
+impl WatchSink for WatchStream {
+    fn send(&mut self, line: Option<&MonitorEvent>, view: Option<&RushView<'_>>) {
+        let _ = self
+            .0
+            .try_send(Ok(watch_event(line, view.map(rush_status))));
+    }
+
+    fn drained(&self) -> bool {
+        self.0.capacity() == self.0.max_capacity()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
     }
 }

@@ -19,6 +19,7 @@ use zerg_proto::graph::TaskGraph;
 use zerg_symbols::{BuildStats, Settings as SymbolSettings, SymbolIndex};
 
 use crate::backoff::Backoff;
+use crate::calls::WorkerAuth;
 use crate::calls::{
     Assignment, Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome,
     LeaseRef, Register, Registration, TierOutcome, TierSpec,
@@ -28,10 +29,10 @@ use crate::config::Config;
 use crate::domain::{
     FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
 };
+use crate::launcher::WorkerToken;
 use crate::launcher::{ExitInfo, SpawnError, Spawned};
 use crate::monitor::{Level, MonitorEvent, Source};
 use crate::state::{Journal, StateDoc, StateStore};
-use crate::worker_plane::{WorkerAuth, WorkerToken};
 use zerg_proto::contract::{Revocation, WorkerExit};
 
 mod levels;
@@ -41,8 +42,6 @@ mod symbols;
 mod tasks;
 mod timers;
 mod worker_rpc;
-
-pub use recovery::{Observed, Readoption};
 
 /// Reply channel for a lease request.
 pub type LeaseReplyTx = oneshot::Sender<Result<LeaseOutcome, SupervisorError>>;
@@ -502,4 +501,25 @@ impl Rush {
             .map(|(w, _)| *w)
             .collect()
     }
+}
+
+/// What the launcher saw of a rush's workers after a restart.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// Workers the launcher found by itself (containers, by label).
+    pub discovered: Vec<crate::launcher::Discovered>,
+    /// Slot by slot: whether its recorded handle is still the same live worker (a pid whose
+    /// start time still matches, a running container).
+    pub alive: BTreeMap<u32, bool>,
+}
+
+/// What the shell must do once a rush is re-adopted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Readoption {
+    /// Workers to watch again: live ones, and exited containers whose exit the engine still
+    /// holds.
+    pub watch: Vec<(u32, u64, Spawned)>,
+    /// Workers that no slot of the state knows (or knows as an older generation): stop and
+    /// remove them.
+    pub orphans: Vec<Spawned>,
 }

@@ -5,27 +5,6 @@
 use super::*;
 use crate::launcher::Discovered;
 
-/// What the launcher saw of a rush's workers after a restart.
-#[derive(Debug, Clone, Default)]
-pub struct Observed {
-    /// Workers the launcher found by itself (containers, by label).
-    pub discovered: Vec<Discovered>,
-    /// Slot by slot: whether its recorded handle is still the same live worker (a pid whose
-    /// start time still matches, a running container).
-    pub alive: BTreeMap<u32, bool>,
-}
-
-/// What the shell must do once a rush is re-adopted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Readoption {
-    /// Workers to watch again: live ones, and exited containers whose exit the engine still
-    /// holds.
-    pub watch: Vec<(u32, u64, Spawned)>,
-    /// Workers that no slot of the state knows (or knows as an older generation): stop and
-    /// remove them.
-    pub orphans: Vec<Spawned>,
-}
-
 impl Rush {
     /// The handle each slot's current generation was recorded with, completed by what discovery
     /// found (a container id the state did not get to save).

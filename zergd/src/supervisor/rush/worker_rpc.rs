@@ -493,11 +493,11 @@ impl Rush {
             base: ts.base_commit.clone().unwrap_or_default(),
             protected: format!(".gsd/specs/{}", self.feature()),
             container: (self.doc.rush.mode == Mode::Container)
-                .then(|| self.config.container.import_limits()),
+                .then(|| crate::git::import_limits(&self.config.container)),
             feature: self.feature().to_string(),
             task: task_id.to_string(),
             resume_from: ts.resume_from.clone().unwrap_or_default(),
-            pack_limits: self.config.container.import_limits(),
+            pack_limits: crate::git::import_limits(&self.config.container),
             artifacts: self.paths.log_dir.join("tasks").join(task_id),
             artifact_cap: self.config.container.log_max_size.0.max(0) as u64,
         })

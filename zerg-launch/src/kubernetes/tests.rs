@@ -8,7 +8,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::launcher::ContainerSpec;
+use crate::ContainerSpec;
 
 /// One request the mocked API server received.
 #[derive(Debug, Clone)]
@@ -114,7 +114,7 @@ fn spec() -> WorkerSpec {
         state_dir: "/repo/.zerg/state".into(),
         log_dir: "/repo/.zerg/logs".into(),
         socket: "/run/zerg.sock".into(),
-        token: crate::worker_plane::WorkerToken::generate(),
+        token: crate::WorkerToken::generate(),
         agent_bin: image::AGENT_PATH.into(),
         container: ContainerSpec {
             image: "registry.example/zerg-worker:1".into(),
@@ -124,7 +124,7 @@ fn spec() -> WorkerSpec {
         },
         env_passthrough: vec![],
         stop_grace: std::time::Duration::from_secs(10),
-        remote: crate::launcher::RemoteSpec {
+        remote: crate::RemoteSpec {
             plane_url: "https://zergd.example:7443".into(),
             ca_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into(),
         },
@@ -171,20 +171,6 @@ fn job_names_are_dns_labels() {
         name.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     );
-}
-
-#[test]
-fn settings_have_defaults() {
-    let s: KubernetesSettings = serde_yaml::from_str("namespace: zerg\nimage_pull_policy: Always\nnode_selector: {pool: agents}\nmemory_limit: 2Gi\n").unwrap();
-    assert_eq!(s.namespace, "zerg");
-    assert_eq!(s.image_pull_policy, ImagePullPolicy::Always);
-    assert_eq!(s.ttl_seconds_after_finished, 3600);
-    assert_eq!(s.node_selector["pool"], "agents");
-    let d: KubernetesSettings = serde_yaml::from_str("{}").unwrap();
-    assert_eq!(d, KubernetesSettings::default());
-    assert_eq!(d.namespace, "default");
-    assert_eq!(d.image_pull_policy, ImagePullPolicy::IfNotPresent);
-    assert!(serde_yaml::from_str::<KubernetesSettings>("image_pull_policy: Sometimes").is_err());
 }
 
 #[test]

@@ -31,62 +31,28 @@ pub(crate) fn image_of(spec: &WorkerSpec) -> String {
     }
 }
 
-/// Where a worker worktree's git metadata lives on the host.
+/// Where a worker worktree's git metadata lives on the host, and what zergd prepared there for
+/// the container (found and made by zergd, which does the git work; the launcher only mounts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GitLayout {
     /// The worktree's admin dir (`<common>/worktrees/<name>`), as the host's git knows it.
     pub admin_dir: PathBuf,
     /// The repository's common git directory (usually `<repo>/.git`).
     pub common_dir: PathBuf,
+    /// The worker's private git dir, mounted where the common one is.
+    pub private_dir: PathBuf,
+    /// The worker's home, mounted at `/home/worker`.
+    pub home_dir: PathBuf,
 }
 
 impl GitLayout {
-    /// Finds the layout from the repository's side: its common git dir, and the admin dir whose
-    /// `gitdir` file names `<worktree>/.git`. Nothing is read from the worktree itself, which a
-    /// container can write: a `.git` file a worker rewrote never redirects zergd.
-    pub fn of(repo: &Path, worktree: &Path) -> io::Result<Self> {
-        let common_dir = crate::git::objects::common_dir_of(repo)?;
-        let want = normalize(&worktree.join(".git"));
-        let admins = common_dir.join("worktrees");
-        for entry in fs::read_dir(&admins)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", admins.display())))?
-            .flatten()
-        {
-            let gitdir = fs::read_to_string(entry.path().join("gitdir")).unwrap_or_default();
-            if normalize(Path::new(gitdir.trim())) == want {
-                return Ok(Self {
-                    admin_dir: normalize(&entry.path()),
-                    common_dir,
-                });
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "{} is not a worktree of {}",
-                worktree.display(),
-                repo.display()
-            ),
-        ))
-    }
-
     /// The admin dir's name (`worker-<N>` unless git had to pick another).
-    pub(crate) fn admin_name(&self) -> String {
+    pub fn admin_name(&self) -> String {
         self.admin_dir
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| "worker".into())
     }
-}
-
-/// The home directory of worker `worker_id` (`<common>/zerg/<feature>/home-<N>`), mounted at
-/// `/home/worker`: built afresh at every spawn with a copy of the Claude login and nothing
-/// else, removed when the rush ends.
-pub fn worker_home_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
-    common_dir
-        .join(WORKER_GIT_SUBDIR)
-        .join(feature)
-        .join(format!("home-{worker_id}"))
 }
 
 /// The worker's own log directory (`.zerg/logs/worker-<N>`), the only part of `.zerg` a
@@ -284,10 +250,13 @@ pub fn container_passthrough(
 }
 
 impl HostFacts {
-    /// Reads the facts from the host for `spec`.
-    pub fn gather(spec: &WorkerSpec) -> Result<Self, SpawnError> {
-        let git = GitLayout::of(&spec.repo, &spec.worktree)
-            .map_err(|e| SpawnError::new(e.to_string()))?;
+    /// Reads the facts of the host for `spec`, around the git layout and commit identity zergd
+    /// found for its worktree.
+    pub fn gather(
+        spec: &WorkerSpec,
+        git: GitLayout,
+        git_identity: (String, String),
+    ) -> Result<Self, SpawnError> {
         for p in [&git.common_dir, &git.admin_dir] {
             if let Some(r) = RESERVED.iter().find(|r| p.starts_with(r)) {
                 return Err(SpawnError::new(format!(
@@ -295,12 +264,6 @@ impl HostFacts {
                     p.display()
                 )));
             }
-        }
-        let config = fs::read_to_string(git.common_dir.join("config")).unwrap_or_default();
-        if config.to_ascii_lowercase().contains("reftable") {
-            return Err(SpawnError::new(
-                "the repository stores its refs as reftable, which container mode does not support: use --mode subprocess",
-            ));
         }
         let (uid, gid, remapped) = container_identity();
         let (passthrough, host_files) =
@@ -316,7 +279,7 @@ impl HostFacts {
             uid,
             gid,
             remapped,
-            git_identity: git_identity(&spec.repo, spec.worker_id),
+            git_identity,
             git,
             login: ClaudeLogin::gather(),
             passthrough,
@@ -360,25 +323,13 @@ pub fn container_identity() -> (u32, u32, bool) {
     }
 }
 
-pub(crate) fn git_identity(repo: &Path, worker_id: u32) -> (String, String) {
-    let get = |key: &str| {
-        crate::git::git(repo, &["config", "--get", key])
-            .ok()
-            .filter(|s| !s.is_empty())
-    };
-    (
-        get("user.name").unwrap_or_else(|| format!("zerg worker {worker_id}")),
-        get("user.email").unwrap_or_else(|| format!("zerg-worker-{worker_id}@localhost")),
-    )
-}
-
 /// In-container path of the spec snapshot (FR-7).
 pub fn spec_dir_in_container(feature: &str) -> String {
     format!("{WORKSPACE}/.gsd/specs/{feature}")
 }
 
 pub(crate) fn socket_in_container() -> String {
-    format!("{RUN_MOUNT}/{}", crate::worker_plane::PLANE_SOCKET_NAME)
+    format!("{RUN_MOUNT}/{}", crate::PLANE_SOCKET_NAME)
 }
 
 /// The agent's environment: the subprocess worker's, with the paths it sees inside, plus git
@@ -393,7 +344,7 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         (worker_env_names::LOG_DIR, LOG_MOUNT.to_string()),
         (worker_env_names::SOCKET, socket_in_container()),
     ]);
-    let mut env: Vec<(String, String)> = crate::launcher::subprocess::worker_env(spec)
+    let mut env: Vec<(String, String)> = crate::subprocess::worker_env(spec)
         .into_iter()
         .filter(|(k, _)| k != worker_env_names::STATE_DIR)
         .map(|(k, v)| match inside.get(k.as_str()) {
@@ -452,11 +403,7 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
         bind(&spec.worktree, WORKSPACE, false),
         bind(&spec.spec_dir, &spec_dir_in_container(&spec.feature), true),
         // The worker's private git dir where the real one is.
-        bind(
-            &worker_git_dir(&g.common_dir, &spec.feature, spec.worker_id),
-            &g.common_dir.to_string_lossy(),
-            false,
-        ),
+        bind(&g.private_dir, &g.common_dir.to_string_lossy(), false),
         bind(&g.common_dir.join("objects"), SHARED_OBJECTS, true),
         bind(
             &worker_log_dir(&spec.log_dir, spec.worker_id),
@@ -466,11 +413,7 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
         // The rush's worker-plane directory: one socket, the Worker service only.
         bind(&parent_of(&spec.socket), RUN_MOUNT, true),
     ];
-    m.push(bind(
-        &worker_home_dir(&g.common_dir, &spec.feature, spec.worker_id),
-        HOME_IN_IMAGE,
-        false,
-    ));
+    m.push(bind(&g.home_dir, HOME_IN_IMAGE, false));
     for (var, p) in &facts.host_files {
         m.push(bind(p, &host_file_in_container(var), true));
     }
@@ -523,16 +466,12 @@ pub fn host_config(spec: &WorkerSpec, facts: &HostFacts) -> HostConfig {
 }
 
 /// The labels that identify a worker container.
-pub fn container_labels(spec: &WorkerSpec, facts: &HostFacts) -> HashMap<String, String> {
+pub fn container_labels(spec: &WorkerSpec) -> HashMap<String, String> {
     HashMap::from([
         (LABEL_RUSH.to_string(), spec.rush_id.clone()),
         (LABEL_FEATURE.to_string(), spec.feature.clone()),
         (LABEL_WORKER.to_string(), spec.worker_id.to_string()),
         (LABEL_GENERATION.to_string(), spec.generation.to_string()),
-        (
-            LABEL_GIT_DIR.to_string(),
-            facts.git.common_dir.to_string_lossy().to_string(),
-        ),
     ])
 }
 
@@ -546,7 +485,7 @@ pub fn create_body(spec: &WorkerSpec, facts: &HostFacts) -> ContainerCreateBody 
         entrypoint: Some(vec![AGENT_IN_IMAGE.into()]),
         working_dir: Some(WORKSPACE.into()),
         hostname: Some(format!("zerg-worker-{}", spec.worker_id)),
-        labels: Some(container_labels(spec, facts)),
+        labels: Some(container_labels(spec)),
         stop_signal: Some("SIGTERM".into()),
         tty: Some(false),
         open_stdin: Some(false),
@@ -559,8 +498,7 @@ pub fn create_body(spec: &WorkerSpec, facts: &HostFacts) -> ContainerCreateBody 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launcher::ContainerSpec;
-    use zerg_proto::testkit::git;
+    use crate::ContainerSpec;
 
     fn spec() -> WorkerSpec {
         WorkerSpec {
@@ -575,7 +513,7 @@ mod tests {
             state_dir: "/srv/repo/.zerg/state".into(),
             log_dir: "/srv/repo/.zerg/logs".into(),
             socket: "/run/user/0/zerg/w/0123456789abcdef/worker.sock".into(),
-            token: crate::worker_plane::WorkerToken::generate(),
+            token: crate::WorkerToken::generate(),
             agent_bin: "/usr/local/bin/zerg-worker-agent".into(),
             container: ContainerSpec {
                 image: String::new(),
@@ -583,7 +521,7 @@ mod tests {
                 memory_bytes: 4 << 30,
                 cpus: 2.0,
                 pids_limit: 1024,
-                import_limits: Default::default(),
+                host: None,
                 log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
@@ -600,6 +538,8 @@ mod tests {
             git: GitLayout {
                 admin_dir: "/srv/repo/.git/worktrees/worker-2".into(),
                 common_dir: "/srv/repo/.git".into(),
+                private_dir: "/srv/repo/.git/zerg/feat-x/worker-2".into(),
+                home_dir: "/srv/repo/.git/zerg/feat-x/home-2".into(),
             },
             git_identity: ("Ada".into(), "ada@example.com".into()),
             login: ClaudeLogin::default(),
@@ -887,30 +827,5 @@ mod tests {
                 .starts_with("image zerg-worker:foo not found: build it with zergctl image build"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn git_layout_comes_from_the_repository_not_the_worktree() {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("repo");
-        fs::create_dir_all(&repo).unwrap();
-        git(&repo, &["init", "-q", "-b", "main"]);
-        git(&repo, &["commit", "-q", "--allow-empty", "-m", "i"]);
-        let wt = dir.path().join("wt/worker-1");
-        git(
-            &repo,
-            &["worktree", "add", "-q", "-b", "b1", &wt.to_string_lossy()],
-        );
-        let g = GitLayout::of(&repo, &wt).unwrap();
-        let common = fs::canonicalize(repo.join(".git")).unwrap();
-        assert_eq!(fs::canonicalize(&g.common_dir).unwrap(), common);
-        assert_eq!(
-            fs::canonicalize(&g.admin_dir).unwrap(),
-            common.join("worktrees/worker-1")
-        );
-        // A worker that rewrites its `.git` file does not redirect zergd.
-        fs::write(wt.join(".git"), "gitdir: /etc\n").unwrap();
-        assert_eq!(GitLayout::of(&repo, &wt).unwrap(), g);
-        assert!(GitLayout::of(&repo, dir.path()).is_err());
     }
 }

@@ -10,16 +10,17 @@
 //!   rush's worker-plane directory (one socket, the `Worker` service only) at `/zerg/run`.
 //!   Nothing of `.zerg/state` and no control socket is inside. Git: the worktree's `.git` file
 //!   names its admin dir by absolute host path, so a git directory is mounted *at the real
-//!   one's path* — but it is the worker's private copy ([`worker_git_dir`]: config, `HEAD`, the
+//!   one's path* — but it is the worker's private copy (prepared by zergd: config, `HEAD`, the
 //!   refs as `packed-refs`, the worktree's admin dir with a sparse checkout that leaves the
 //!   mounted spec alone, and its own object dir, with the real objects read-only at
 //!   `/zerg/shared-objects` as an alternate). Whatever git writes inside stays private; zergd
-//!   imports the new objects ([`crate::git::objects::import_objects`], verified), checks a reported commit
+//!   imports the new objects when the exit is reported (verified), checks a reported commit
 //!   and moves the real worker branch itself. No file of the host's `.git` is writable from
 //!   inside.
 //! - Identity: never root. The agent runs as zergd's uid:gid, or, when zergd runs as root, as
 //!   [`UNPRIVILEGED_UID`]; then the paths above are made group-accessible for that gid
-//!   ([`grant_container_access`]), leaving every owner unchanged.
+//!   (by zergd before the spawn, and [`grant_socket`] again for a container adopted after a
+//!   restart), leaving every owner unchanged.
 //! - Hardening: all capabilities dropped, `no-new-privileges`, no Docker socket, memory / CPU /
 //!   pids limits, network `none` unless configured.
 
@@ -56,26 +57,12 @@ pub const UNPRIVILEGED_UID: u32 = image::WORKER_UID;
 /// The agent binary inside the image.
 pub const AGENT_IN_IMAGE: &str = image::AGENT_PATH;
 
-/// Label: the rush id.
-pub const LABEL_RUSH: &str = "zerg.rush";
-/// Label: the feature.
-pub const LABEL_FEATURE: &str = "zerg.feature";
-/// Label: the worker slot.
-pub const LABEL_WORKER: &str = "zerg.worker";
-/// Label: the spawn generation.
-pub const LABEL_GENERATION: &str = "zerg.generation";
-/// Label: the repository's common git directory (host path), for importing objects after a
-/// zergd restart.
-pub const LABEL_GIT_DIR: &str = "zerg.git-dir";
-
 const WORKSPACE: &str = image::WORKSPACE;
 const LOG_MOUNT: &str = image::LOG_MOUNT;
 const RUN_MOUNT: &str = image::RUN_MOUNT;
 const HOME_IN_IMAGE: &str = image::HOME;
 /// Where the repository's real object store is visible (read-only) inside.
 const SHARED_OBJECTS: &str = "/zerg/shared-objects";
-/// Engine request timeout (stop requests get the grace period on top).
-const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the exit path waits for the log mirror to drain.
 const LOG_DRAIN: Duration = Duration::from_secs(2);
 /// Container paths a repository's git directory must not shadow.
@@ -202,14 +189,11 @@ impl Launcher for ContainerLauncher {
         Box::pin(async move {
             let image = image_of(&spec);
             this.check_image(&image).await?;
-            let spec2 = spec.clone();
-            let facts = tokio::task::spawn_blocking(move || {
-                let facts = HostFacts::gather(&spec2)?;
-                prepare_host(&spec2, &facts)?;
-                Ok::<_, SpawnError>(facts)
-            })
-            .await
-            .map_err(|e| SpawnError::new(format!("container preparation panicked: {e}")))??;
+            let facts = spec.container.host.clone().ok_or_else(|| {
+                SpawnError::new(
+                    "the container's host side was not prepared (zergd prepares it before a spawn)",
+                )
+            })?;
             let name = container_name(&spec);
             let id = this
                 .create(&name, create_body(&spec, &facts), &spec)
@@ -238,19 +222,7 @@ impl Launcher for ContainerLauncher {
                 0,
                 spec.container.log_max_bytes,
             );
-            let objects = Some(ImportFrom {
-                common: facts.git.common_dir.clone(),
-                feature: spec.feature.clone(),
-                worker: spec.worker_id,
-                limits: spec.container.import_limits,
-            });
-            tokio::spawn(finish(
-                this.clone(),
-                id.clone(),
-                Some(logs),
-                objects,
-                on_exit,
-            ));
+            tokio::spawn(finish(this.clone(), id.clone(), Some(logs), on_exit));
             tracing::info!(container = %name, image = %image, "worker container started");
             Ok(Spawned {
                 pid,
@@ -309,7 +281,6 @@ impl Launcher for ContainerLauncher {
                 return;
             };
             let mut logs = None;
-            let mut objects = None;
             if let Ok(info) = this
                 .docker
                 .inspect_container(&id, None::<InspectContainerOptions>)
@@ -337,9 +308,8 @@ impl Launcher for ContainerLauncher {
                         DEFAULT_LOG_MAX,
                     ));
                 }
-                objects = adopted.objects;
             }
-            finish(this, id, logs, objects, on_exit).await;
+            finish(this, id, logs, on_exit).await;
         });
     }
 
@@ -399,27 +369,17 @@ impl Launcher for ContainerLauncher {
     }
 }
 
-/// The exit path shared by spawned and adopted containers: wait, drain the log mirror,
-/// import the worker's git objects, report the exit once, remove the container.
+/// The exit path shared by spawned and adopted containers: wait, drain the log mirror, report
+/// the exit once (zergd takes the worker's git objects then), remove the container.
 async fn finish(
     this: ContainerLauncher,
     id: String,
     logs: Option<tokio::task::JoinHandle<()>>,
-    objects: Option<ImportFrom>,
     on_exit: ExitSink,
 ) {
     let info = wait_for_exit(&this.docker, &id).await;
     if let Some(h) = logs {
         let _ = tokio::time::timeout(LOG_DRAIN, h).await;
-    }
-    if let Some(o) = objects {
-        let r = tokio::task::spawn_blocking(move || {
-            import_objects(&o.common, &o.feature, o.worker, o.limits)
-        })
-        .await;
-        if let Ok(Err(e)) = r {
-            tracing::warn!(container = %id, error = %e, "cannot import the worker's git objects");
-        }
     }
     tracing::info!(container = %id, exit = %info.describe(), "worker container exited");
     on_exit(info);
@@ -534,21 +494,11 @@ fn mirror_logs(
     })
 }
 
-/// Where the objects of an exited container are imported from.
-#[derive(Debug)]
-struct ImportFrom {
-    common: PathBuf,
-    feature: String,
-    worker: u32,
-    limits: crate::git::objects::ImportLimits,
-}
-
 /// What a container inspected after a zergd restart tells about itself.
 #[derive(Debug, Default)]
 struct Adopted {
     socket: Option<PathBuf>,
     log_file: Option<PathBuf>,
-    objects: Option<ImportFrom>,
     remapped: Option<(u32, u32)>,
 }
 
@@ -571,24 +521,12 @@ impl Adopted {
             .and_then(parse_user)
             .filter(|_| nix::unistd::geteuid().is_root());
         Self {
-            socket: source_of(RUN_MOUNT).map(|d| d.join(crate::worker_plane::PLANE_SOCKET_NAME)),
+            socket: source_of(RUN_MOUNT).map(|d| d.join(crate::PLANE_SOCKET_NAME)),
             // The mirrored log is `worker-<N>.log` beside the worker's own log dir.
             log_file: source_of(LOG_MOUNT)
                 .and_then(|d| d.parent().map(Path::to_path_buf))
                 .zip(worker)
                 .map(|(d, w)| d.join(format!("worker-{w}.log"))),
-            // The rush's own limits are not on the container; a restarted zergd imports its
-            // last objects within the defaults.
-            objects: labels
-                .get(LABEL_GIT_DIR)
-                .zip(labels.get(LABEL_FEATURE))
-                .zip(worker)
-                .map(|((common, feature), worker)| ImportFrom {
-                    common: PathBuf::from(common),
-                    feature: feature.clone(),
-                    worker,
-                    limits: Default::default(),
-                }),
             remapped,
         }
     }
@@ -599,68 +537,33 @@ fn parse_user(user: &str) -> Option<(u32, u32)> {
     Some((u.parse().ok()?, g.parse().ok()?))
 }
 
-/// Reads `zerg.worker` and `zerg.generation` from a container's labels.
-pub fn parse_worker_labels(labels: &HashMap<String, String>) -> Option<(u32, u64)> {
-    let worker = labels.get(LABEL_WORKER)?.parse().ok()?;
-    let generation = labels.get(LABEL_GENERATION)?.parse().ok()?;
-    Some((worker, generation))
-}
-
-/// Connects to the local Docker engine (`DOCKER_HOST`, else `/var/run/docker.sock`), negotiates
-/// the API version (the engine may be older than the client) and pings it; the error says what
-/// to do when the engine is unreachable.
-pub(crate) async fn connect_engine() -> Result<Docker, SpawnError> {
-    let docker = Docker::connect_with_local_defaults()
-        .map_err(|e| unreachable_error(&e))?
-        .with_timeout(ENGINE_TIMEOUT);
-    let docker = docker
-        .negotiate_version()
-        .await
-        .map_err(|e| unreachable_error(&e))?;
-    docker.ping().await.map_err(|e| unreachable_error(&e))?;
-    Ok(docker)
-}
-
-// === Errors ===
-
-pub(crate) fn status(e: &DockerError) -> Option<u16> {
-    match e {
-        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
-        _ => None,
-    }
-}
-
-pub(crate) fn missing_image(image: &str) -> SpawnError {
-    SpawnError::new(format!(
-        "image {image} not found: build it with zergctl image build (or zergctl image build --offline without a registry)"
-    ))
-}
-
-pub(crate) fn unreachable_error(e: &DockerError) -> SpawnError {
-    let host =
-        std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
-    SpawnError::new(format!(
-        "docker engine unreachable at {host}: {e}; start dockerd (or set DOCKER_HOST), make sure this user may use the engine (docker group), or run the rush with --mode subprocess"
-    ))
-}
-
-pub(crate) fn engine_error(what: &str, e: &DockerError) -> SpawnError {
-    match e {
-        DockerError::DockerResponseServerError { .. } | DockerError::DockerStreamError { .. } => {
-            SpawnError::new(format!("{what}: {e}"))
-        }
-        _ => unreachable_error(e),
-    }
-}
-
-mod host;
 mod spec;
-#[cfg(test)]
-pub(crate) mod tests;
 
-use crate::git::objects::WORKER_GIT_SUBDIR;
-use crate::git::objects::import_objects;
-pub use crate::git::objects::{normalize, worker_git_dir, worker_object_dir};
-pub use host::remove_rush_area;
-use host::{grant_socket, prepare_host};
+use crate::engine::{ENGINE_TIMEOUT, connect_engine, engine_error, missing_image, status};
+pub use crate::engine::{
+    LABEL_FEATURE, LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER, parse_worker_labels,
+};
 pub use spec::*;
+
+/// Lets the container's gid connect to the worker-plane socket: group search on its directory
+/// (which holds nothing else) and group read/write on the socket. The control socket's
+/// directory above stays closed to everyone but zergd's user. Both are zergd's own; no
+/// container can write either.
+pub fn grant_socket(socket: &Path, gid: u32) -> io::Result<()> {
+    if let Some(dir) = socket.parent() {
+        set_group_bits(dir, gid, 0o010)?;
+    }
+    set_group_bits(socket, gid, 0o060)
+}
+
+fn set_group_bits(path: &Path, gid: u32, want: u32) -> io::Result<()> {
+    let meta = fs::metadata(path)?;
+    if meta.gid() != gid {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & want != want || meta.gid() != gid {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | want))?;
+    }
+    Ok(())
+}

@@ -1,4 +1,5 @@
-//! `.zerg/config.yaml`: the per-repository settings a rush runs with.
+//! `.zerg/config.yaml` as plain data: the per-repository settings a rush runs with, each section
+//! a type, read once by zergd and handed to whoever needs it (the launchers, the symbol map).
 //!
 //! Keys and defaults follow the original ZERG plus the resilience keys of the
 //! requirements. Sections that the original knows but this engine does not use (`plugins`, `mcp_servers`,
@@ -6,6 +7,7 @@
 //! `serde_ignored`, at any depth) produces a warning; a value of the wrong
 //! type is an error that names the key path.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -44,11 +46,11 @@ pub struct Config {
     /// The TCP worker plane of remote workers (swarm and kubernetes modes).
     pub remote: RemoteConfig,
     /// Kubernetes mode: namespace, service account, resources, node selector.
-    pub kubernetes: crate::launcher::kubernetes::KubernetesSettings,
+    pub kubernetes: KubernetesSettings,
     /// Resource limits for container workers.
     pub resources: ResourcesConfig,
     /// The repository symbol map behind each prompt's `## Relevant Symbols` section.
-    pub symbols: zerg_symbols::Settings,
+    pub symbols: SymbolsConfig,
     /// zergd's own commits (the staging merges).
     pub git: GitConfig,
     /// What the agent may spend.
@@ -395,23 +397,13 @@ pub struct ContainerConfig {
 
 impl Default for ContainerConfig {
     fn default() -> Self {
-        let limits = crate::git::objects::ImportLimits::default();
+        use zerg_proto::contract::limits::{MAX_OBJECT_BYTES, MAX_PACK_BYTES};
         Self {
             image: "zerg-worker:latest".into(),
             network: "none".into(),
-            max_object_size: ByteSize(limits.max_object as i64),
-            max_pack_size: ByteSize(limits.max_pack as i64),
+            max_object_size: ByteSize(MAX_OBJECT_BYTES as i64),
+            max_pack_size: ByteSize(MAX_PACK_BYTES as i64),
             log_max_size: ByteSize(64 << 20),
-        }
-    }
-}
-
-impl ContainerConfig {
-    /// The object import limits these settings give.
-    pub fn import_limits(&self) -> crate::git::objects::ImportLimits {
-        crate::git::objects::ImportLimits {
-            max_object: self.max_object_size.0 as u64,
-            max_pack: self.max_pack_size.0 as u64,
         }
     }
 }
@@ -485,6 +477,158 @@ impl Default for ResourcesConfig {
             memory_gb: None,
             disk_gb: None,
         }
+    }
+}
+
+/// When the kubelet pulls the worker image (the container's `imagePullPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImagePullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull only when the node does not have the image.
+    #[default]
+    IfNotPresent,
+    /// Never pull: the image must be on the node.
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The name Kubernetes gives the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
+}
+
+/// `kubernetes:` section: where and how worker Jobs run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KubernetesSettings {
+    /// Namespace of the Jobs, Secrets and ConfigMaps.
+    pub namespace: String,
+    /// Service account the worker pods run as; the namespace's `default` when unset. Its API
+    /// token is never mounted.
+    pub service_account: Option<String>,
+    /// Node labels a worker pod must match (`nodeSelector`).
+    pub node_selector: BTreeMap<String, String>,
+    /// CPU request of a worker (`500m`, `1`); none when unset.
+    pub cpu_request: Option<String>,
+    /// CPU limit of a worker (`2`); `resources.container_cpu_limit` when unset.
+    pub cpu_limit: Option<String>,
+    /// Memory request of a worker (`1Gi`); none when unset.
+    pub memory_request: Option<String>,
+    /// Memory limit of a worker (`4Gi`); `resources.container_memory_limit` when unset.
+    pub memory_limit: Option<String>,
+    /// Seconds a finished Job (and its pod, Secret and ConfigMap) is kept before Kubernetes
+    /// deletes it.
+    pub ttl_seconds_after_finished: u32,
+    /// When the kubelet pulls the image: `Always`, `IfNotPresent` or `Never`.
+    pub image_pull_policy: ImagePullPolicy,
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            service_account: None,
+            node_selector: BTreeMap::new(),
+            cpu_request: None,
+            cpu_limit: None,
+            memory_request: None,
+            memory_limit: None,
+            ttl_seconds_after_finished: 3600,
+            image_pull_policy: ImagePullPolicy::IfNotPresent,
+        }
+    }
+}
+
+/// A language the symbol map understands. TypeScript covers `.ts` and `.tsx` files (two
+/// grammars); JavaScript covers `.js`, `.jsx`, `.mjs` and `.cjs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// `.py`, `.pyi`.
+    Python,
+    /// `.js`, `.jsx`, `.mjs`, `.cjs`.
+    #[serde(rename = "javascript")]
+    JavaScript,
+    /// `.ts`, `.tsx`, `.mts`, `.cts`.
+    #[serde(rename = "typescript")]
+    TypeScript,
+    /// `.rs`.
+    Rust,
+    /// `.go`.
+    Go,
+}
+
+impl Language {
+    /// Every language, in the order the config lists them by default.
+    pub const ALL: [Language; 5] = [
+        Language::Python,
+        Language::JavaScript,
+        Language::TypeScript,
+        Language::Rust,
+        Language::Go,
+    ];
+
+    /// The name used in the config and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::JavaScript => "javascript",
+            Language::TypeScript => "typescript",
+            Language::Rust => "rust",
+            Language::Go => "go",
+        }
+    }
+
+    /// Languages whose files import each other: JavaScript and TypeScript are one family.
+    pub fn family(self) -> Language {
+        match self {
+            Language::JavaScript => Language::TypeScript,
+            other => other,
+        }
+    }
+}
+
+/// The `symbols:` section of `.zerg/config.yaml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SymbolsConfig {
+    /// Whether task prompts get a `## Relevant Symbols` section.
+    pub enabled: bool,
+    /// The languages to index; files in other languages are skipped.
+    pub languages: Vec<Language>,
+    /// The most bytes the section of one task may take.
+    pub max_bytes_per_task: usize,
+    /// Files larger than this are skipped, unread.
+    pub max_file_bytes: u64,
+}
+
+impl Default for SymbolsConfig {
+    fn default() -> Self {
+        SymbolsConfig {
+            enabled: true,
+            languages: Language::ALL.to_vec(),
+            max_bytes_per_task: 4096,
+            max_file_bytes: 1 << 20,
+        }
+    }
+}
+
+impl SymbolsConfig {
+    /// Range checks beyond the types; the message starts with the key.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_bytes_per_task == 0 {
+            return Err("symbols.max_bytes_per_task: must be positive".into());
+        }
+        if self.max_file_bytes == 0 {
+            return Err("symbols.max_file_bytes: must be positive".into());
+        }
+        Ok(())
     }
 }
 
@@ -801,6 +945,22 @@ mod seconds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubernetes_settings_have_defaults() {
+        let s: KubernetesSettings = serde_yaml::from_str("namespace: zerg\nimage_pull_policy: Always\nnode_selector: {pool: agents}\nmemory_limit: 2Gi\n").unwrap();
+        assert_eq!(s.namespace, "zerg");
+        assert_eq!(s.image_pull_policy, ImagePullPolicy::Always);
+        assert_eq!(s.ttl_seconds_after_finished, 3600);
+        assert_eq!(s.node_selector["pool"], "agents");
+        let d: KubernetesSettings = serde_yaml::from_str("{}").unwrap();
+        assert_eq!(d, KubernetesSettings::default());
+        assert_eq!(d.namespace, "default");
+        assert_eq!(d.image_pull_policy, ImagePullPolicy::IfNotPresent);
+        assert!(
+            serde_yaml::from_str::<KubernetesSettings>("image_pull_policy: Sometimes").is_err()
+        );
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

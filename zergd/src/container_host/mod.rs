@@ -1,20 +1,108 @@
-//! Preparing the host for a worker container: its mount points, its private git dir and home,
-//! and, when zergd runs as root, group access for the container's unprivileged user to exactly
-//! what it may write (owners are never changed).
+//! The host side of a container worker, prepared by zergd before the launcher starts it: where
+//! its worktree's git metadata is, its mount points, its private git dir and home, and, when
+//! zergd runs as root, group access for the container's unprivileged user to exactly what it
+//! may write (owners are never changed). Also their removal once a rush has ended.
 //!
 //! Everything here that touches a tree a container can write goes through [`crate::fsat`]: by
 //! directory descriptor, never following a symlink, with modes and owners changed through the
 //! descriptor of the entry itself.
 
 use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
 
-use super::*;
 use crate::fsat::Dir;
+use crate::git::objects::{WORKER_GIT_SUBDIR, common_dir_of, normalize, worker_git_dir};
+use crate::launcher::container::{ClaudeLogin, GitLayout, HostFacts, grant_socket, worker_log_dir};
+use crate::launcher::{SpawnError, WorkerSpec};
+
+/// Where the objects of the repository's real store are visible (read-only) inside a worker
+/// container; the private git dir names it as its alternate.
+const SHARED_OBJECTS: &str = "/zerg/shared-objects";
+
+/// Everything the container of `spec` needs on the host, made afresh: finds the worktree's git
+/// layout and commit identity, gathers the host's facts, and prepares the mount points, the
+/// private git dir and home, and group access. The facts go to the launcher with the spec.
+pub fn prepare(spec: &WorkerSpec) -> Result<HostFacts, SpawnError> {
+    let git = git_layout(&spec.repo, &spec.worktree, &spec.feature, spec.worker_id)
+        .map_err(|e| SpawnError::new(e.to_string()))?;
+    let config = fs::read_to_string(git.common_dir.join("config")).unwrap_or_default();
+    if config.to_ascii_lowercase().contains("reftable") {
+        return Err(SpawnError::new(
+            "the repository stores its refs as reftable, which container mode does not support: use --mode subprocess",
+        ));
+    }
+    let identity = git_identity(&spec.repo, spec.worker_id);
+    let facts = HostFacts::gather(spec, git, identity)?;
+    prepare_host(spec, &facts)?;
+    Ok(facts)
+}
+
+/// Finds the layout from the repository's side: its common git dir, and the admin dir whose
+/// `gitdir` file names `<worktree>/.git`. Nothing is read from the worktree itself, which a
+/// container can write: a `.git` file a worker rewrote never redirects zergd.
+pub fn git_layout(
+    repo: &Path,
+    worktree: &Path,
+    feature: &str,
+    worker_id: u32,
+) -> io::Result<GitLayout> {
+    let common_dir = common_dir_of(repo)?;
+    let want = normalize(&worktree.join(".git"));
+    let admins = common_dir.join("worktrees");
+    for entry in fs::read_dir(&admins)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", admins.display())))?
+        .flatten()
+    {
+        let gitdir = fs::read_to_string(entry.path().join("gitdir")).unwrap_or_default();
+        if normalize(Path::new(gitdir.trim())) == want {
+            return Ok(GitLayout {
+                admin_dir: normalize(&entry.path()),
+                private_dir: worker_git_dir(&common_dir, feature, worker_id),
+                home_dir: worker_home_dir(&common_dir, feature, worker_id),
+                common_dir,
+            });
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "{} is not a worktree of {}",
+            worktree.display(),
+            repo.display()
+        ),
+    ))
+}
+
+/// The home directory of worker `worker_id` (`<common>/zerg/<feature>/home-<N>`), mounted at
+/// `/home/worker`: built afresh at every spawn with a copy of the Claude login and nothing
+/// else, removed when the rush ends.
+pub fn worker_home_dir(common_dir: &Path, feature: &str, worker_id: u32) -> PathBuf {
+    common_dir
+        .join(WORKER_GIT_SUBDIR)
+        .join(feature)
+        .join(format!("home-{worker_id}"))
+}
+
+/// The commit identity (`user.name`, `user.email`) zergd's git sees for the repository, or one
+/// named after the worker.
+fn git_identity(repo: &Path, worker_id: u32) -> (String, String) {
+    let get = |key: &str| {
+        crate::git::git(repo, &["config", "--get", key])
+            .ok()
+            .filter(|s| !s.is_empty())
+    };
+    (
+        get("user.name").unwrap_or_else(|| format!("zerg worker {worker_id}")),
+        get("user.email").unwrap_or_else(|| format!("zerg-worker-{worker_id}@localhost")),
+    )
+}
 
 /// Creates the mount points and directories the container needs, rebuilds the worker's
 /// private git dir and home and, when zergd is root, grants the container's gid access to
 /// exactly what it may write.
-pub(crate) fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> {
+fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> {
     let g = &facts.git;
     let ctx = |what: &str, p: &Path| {
         let p = p.display().to_string();
@@ -27,8 +115,8 @@ pub(crate) fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), S
             spec.spec_dir.display()
         )));
     }
-    let area = worker_git_dir(&g.common_dir, &spec.feature, spec.worker_id);
-    let home = worker_home_dir(&g.common_dir, &spec.feature, spec.worker_id);
+    let area = g.private_dir.clone();
+    let home = g.home_dir.clone();
     let logs = worker_log_dir(&spec.log_dir, spec.worker_id);
     // The mount point inside the worktree is created here, not by the engine (which would make
     // it root-owned), and without following anything a worker left in its worktree.
@@ -80,7 +168,7 @@ fn rush_area(common: &Path, feature: &str) -> io::Result<Dir> {
 /// Builds the worker's private git dir (see [`worker_git_dir`]) from scratch: whatever an
 /// earlier container of the slot left there (its objects were imported when it exited) is
 /// removed first, so nothing it planted survives into the next spawn.
-pub(crate) fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Result<Dir> {
+fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Result<Dir> {
     let common = &g.common_dir;
     let parent = rush_area(common, &spec.feature)?;
     let name = format!("worker-{}", spec.worker_id);
@@ -144,7 +232,7 @@ pub(crate) fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Res
 /// the host's Claude credentials file, and `.claude.json` with only the account fields of the
 /// host's. The container writes here freely; nothing of it reaches the host's own Claude
 /// config.
-pub(crate) fn write_home(g: &GitLayout, spec: &WorkerSpec, login: &ClaudeLogin) -> io::Result<Dir> {
+fn write_home(g: &GitLayout, spec: &WorkerSpec, login: &ClaudeLogin) -> io::Result<Dir> {
     let parent = rush_area(&g.common_dir, &spec.feature)?;
     let name = format!("home-{}", spec.worker_id);
     parent.remove(&name)?;
@@ -165,7 +253,7 @@ pub(crate) fn write_home(g: &GitLayout, spec: &WorkerSpec, login: &ClaudeLogin) 
 /// private git dirs and homes of every slot, `<common>/zerg/<feature>`), once the rush has
 /// ended and its containers are gone.
 pub fn remove_rush_area(repo: &Path, feature: &str) -> io::Result<()> {
-    let common = crate::git::objects::common_dir_of(repo)?;
+    let common = common_dir_of(repo)?;
     match Dir::open(&common.join(WORKER_GIT_SUBDIR)) {
         Ok(d) => d.remove(feature),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -197,32 +285,13 @@ fn grant_file(p: &Path, gid: u32, want: u32) -> io::Result<()> {
     Dir::open(parent)?.grant_file(name, gid, want)
 }
 
-/// Lets the container's gid connect to the worker-plane socket: group search on its directory
-/// (which holds nothing else) and group read/write on the socket. The control socket's
-/// directory above stays closed to everyone but zergd's user. Both are zergd's own; no
-/// container can write either.
-pub(crate) fn grant_socket(socket: &Path, gid: u32) -> io::Result<()> {
-    if let Some(dir) = socket.parent() {
-        set_group_bits(dir, gid, 0o010)?;
-    }
-    set_group_bits(socket, gid, 0o060)
-}
-
-fn set_group_bits(path: &Path, gid: u32, want: u32) -> io::Result<()> {
-    let meta = fs::metadata(path)?;
-    if meta.gid() != gid {
-        std::os::unix::fs::chown(path, None, Some(gid))?;
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & want != want || meta.gid() != gid {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode | want))?;
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod engine_tests;
 
 #[cfg(test)]
 mod dir_tests {
     use super::*;
+    use zerg_proto::testkit::git;
 
     #[test]
     fn the_mount_point_is_made_inside_the_worktree_whatever_the_worker_left() {
@@ -247,5 +316,29 @@ mod dir_tests {
         // Already there: nothing changes, and nothing but plain relative paths is accepted.
         d.make_dirs(Path::new(".gsd/specs/feat"), 0o755).unwrap();
         assert!(d.make_dirs(Path::new("../x"), 0o755).is_err());
+    }
+    #[test]
+    fn git_layout_comes_from_the_repository_not_the_worktree() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "i"]);
+        let wt = dir.path().join("wt/worker-1");
+        git(
+            &repo,
+            &["worktree", "add", "-q", "-b", "b1", &wt.to_string_lossy()],
+        );
+        let g = git_layout(&repo, &wt, "f", 1).unwrap();
+        let common = fs::canonicalize(repo.join(".git")).unwrap();
+        assert_eq!(fs::canonicalize(&g.common_dir).unwrap(), common);
+        assert_eq!(
+            fs::canonicalize(&g.admin_dir).unwrap(),
+            common.join("worktrees/worker-1")
+        );
+        // A worker that rewrites its `.git` file does not redirect zergd.
+        fs::write(wt.join(".git"), "gitdir: /etc\n").unwrap();
+        assert_eq!(git_layout(&repo, &wt, "f", 1).unwrap(), g);
+        assert!(git_layout(&repo, dir.path(), "f", 1).is_err());
     }
 }

@@ -15,10 +15,10 @@ use bollard::query_parameters::CreateImageOptionsBuilder;
 use tokio_stream::StreamExt;
 
 use super::*;
-use crate::launcher::ContainerSpec;
-use crate::launcher::RemoteSpec;
-use crate::launcher::container::tests::stage;
-use crate::worker_plane::WorkerToken;
+use crate::ContainerSpec;
+use crate::RemoteSpec;
+use crate::WorkerToken;
+use crate::testkit::stage;
 use zerg_proto::contract::env as worker_env;
 use zerg_proto::testkit::{docker_or_skip, skip};
 
@@ -45,7 +45,7 @@ fn spec(rush: &str, worker: u32, image: &str, network: &str) -> WorkerSpec {
             memory_bytes: 256 << 20,
             cpus: 1.5,
             pids_limit: 64,
-            import_limits: Default::default(),
+            host: None,
             log_max_bytes: 1 << 20,
         },
         env_passthrough: vec![],
@@ -72,7 +72,7 @@ fn refs() -> ObjectRefs {
 fn names_are_per_rush_slot_and_generation() {
     let a = spec("rush-a", 2, "img", "");
     let name = service_name(&a);
-    let rush = crate::worker_plane::hex(&Sha256::digest(b"rush-a"));
+    let rush = crate::token::hex(&Sha256::digest(b"rush-a"));
     assert_eq!(name, format!("zerg-{}-w2-g1", &rush[..12]));
     let mut b = a.clone();
     b.generation = 2;

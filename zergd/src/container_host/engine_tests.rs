@@ -1,9 +1,24 @@
-//! The container launcher against the machine's real engine. Where `docker info` finds none
-//! the test is skipped, saying so, or fails under `ZERG_REQUIRE_DOCKER=1` (as `.ci/run` sets
-//! when the engine is there).
+//! A container worker's host side and the container launcher together, against the machine's
+//! real engine: zergd prepares the host, the launcher runs the container, and the worker's
+//! objects are imported when it exits (as the supervisor's exit sink does). Where `docker info`
+//! finds none the test is skipped, saying so, or fails under `ZERG_REQUIRE_DOCKER=1` (as
+//! `.ci/run` sets when the engine is there).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{CreateContainerOptionsBuilder, InspectContainerOptions};
+use tokio_stream::StreamExt;
 
 use super::*;
-use crate::launcher::ContainerSpec;
+use crate::launcher::container::{
+    AGENT_IN_IMAGE, ContainerLauncher, LABEL_FEATURE, LABEL_WORKER, container_name,
+};
+use crate::launcher::testkit::stage;
+use crate::launcher::{ContainerSpec, ExitInfo, ExitSink, Launcher, SpawnError, Spawned};
 use zerg_proto::testkit::{docker_or_skip, git, skip};
 
 // === Against the real engine ===
@@ -37,25 +52,6 @@ fn host_git() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
-}
-
-/// Copies `file` (following symlinks) and the shared libraries `ldd` names into `root`.
-pub(crate) fn stage(root: &Path, file: &Path) {
-    let mut files = vec![file.to_path_buf()];
-    let out = std::process::Command::new("ldd")
-        .arg(file)
-        .output()
-        .unwrap();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some(lib) = line.split_whitespace().find(|t| t.starts_with('/')) {
-            files.push(PathBuf::from(lib));
-        }
-    }
-    for f in files {
-        let dest = root.join(f.strip_prefix("/").unwrap());
-        fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        fs::copy(&f, &dest).unwrap();
-    }
 }
 
 /// A minimal image (sh, sleep, git, the fake agent) from the host's own binaries,
@@ -105,6 +101,21 @@ async fn build_test_image(docker: &Docker, git: &Path) {
     }
 }
 
+/// Prepares the host side of `spec`'s container and starts it, as the supervisor does.
+async fn spawn(
+    launcher: &ContainerLauncher,
+    mut spec: WorkerSpec,
+    on_exit: ExitSink,
+) -> Result<Spawned, SpawnError> {
+    let s = spec.clone();
+    spec.container.host = Some(
+        tokio::task::spawn_blocking(move || prepare(&s))
+            .await
+            .unwrap()?,
+    );
+    launcher.spawn(spec, on_exit).await
+}
+
 async fn exit_of(rx: tokio::sync::oneshot::Receiver<ExitInfo>) -> ExitInfo {
     tokio::time::timeout(Duration::from_secs(30), rx)
         .await
@@ -120,11 +131,14 @@ async fn real_engine_lifecycle() {
     let launcher = ContainerLauncher::connect()
         .await
         .expect("docker info answers, so the launcher connects");
+    let docker = crate::launcher::engine::connect_engine()
+        .await
+        .expect("docker info answers, so the engine connects");
     let Some(host_git) = host_git() else {
         skip("no git at /usr/local/bin/git or /usr/bin/git to put in the test image");
         return;
     };
-    build_test_image(&launcher.docker, &host_git).await;
+    build_test_image(&docker, &host_git).await;
 
     // A repository with a worktree per worker, a spec snapshot, and a zergd-like socket
     // (0600 in a 0700 directory).
@@ -187,7 +201,7 @@ async fn real_engine_lifecycle() {
             state_dir: t.join("state"),
             log_dir: t.join("logs"),
             socket: socket.clone(),
-            token: crate::worker_plane::WorkerToken::generate(),
+            token: crate::launcher::WorkerToken::generate(),
             agent_bin: AGENT_IN_IMAGE.into(),
             container: ContainerSpec {
                 image: TEST_IMAGE.into(),
@@ -195,7 +209,7 @@ async fn real_engine_lifecycle() {
                 memory_bytes: 256 << 20,
                 cpus: 1.0,
                 pids_limit: 64,
-                import_limits: Default::default(),
+                host: None,
                 log_max_bytes: 64 << 20,
             },
             env_passthrough: vec![],
@@ -210,7 +224,7 @@ async fn real_engine_lifecycle() {
     // A missing image is reported the way the supervisor shows it.
     let mut bad = s1.clone();
     bad.container.image = "zerg-worker:does-not-exist".into();
-    let err = launcher.spawn(bad, Box::new(|_| {})).await.unwrap_err();
+    let err = spawn(&launcher, bad, Box::new(|_| {})).await.unwrap_err();
     assert!(
         err.message.starts_with(
             "image zerg-worker:does-not-exist not found: build it with zergctl image build"
@@ -220,17 +234,20 @@ async fn real_engine_lifecycle() {
 
     // Worker 1 runs to completion: its exit code is observed, its commit lands on the host.
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sp = launcher
-        .spawn(
-            s1.clone(),
-            Box::new(move |i| {
-                let _ = tx.send(i);
-            }),
-        )
-        .await
-        .unwrap();
+    let sp = spawn(
+        &launcher,
+        s1.clone(),
+        Box::new(move |i| {
+            let _ = tx.send(i);
+        }),
+    )
+    .await
+    .unwrap();
     let id1 = sp.container_id.clone().unwrap();
     assert_eq!(exit_of(rx).await, ExitInfo::Code(3));
+    // What the supervisor's exit sink does for a container worker: take its objects, verified.
+    let common = crate::git::objects::common_dir_of(&repo).unwrap();
+    crate::git::objects::import_objects(&common, "feat", 1, Default::default()).unwrap();
     let report = fs::read_to_string(t.join("logs/worker-1/report")).unwrap();
     assert!(
         report.contains("worktree=/workspace pwd=/workspace"),
@@ -290,13 +307,12 @@ async fn real_engine_lifecycle() {
     let removed = bollard::query_parameters::WaitContainerOptions {
         condition: "removed".into(),
     };
-    let mut removal = std::pin::pin!(launcher.docker.wait_container(&id1, Some(removed)));
+    let mut removal = std::pin::pin!(docker.wait_container(&id1, Some(removed)));
     tokio::time::timeout(Duration::from_secs(120), removal.next())
         .await
         .expect("the engine reports the exited worker's container removed");
     assert!(
-        launcher
-            .docker
+        docker
             .inspect_container(&id1, None::<InspectContainerOptions>)
             .await
             .is_err(),
@@ -306,15 +322,15 @@ async fn real_engine_lifecycle() {
     // Worker 2 runs until stopped; discover() finds it by label, stop() ends and removes it.
     let s2 = mk(2);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sp2 = launcher
-        .spawn(
-            s2,
-            Box::new(move |i| {
-                let _ = tx.send(i);
-            }),
-        )
-        .await
-        .unwrap();
+    let sp2 = spawn(
+        &launcher,
+        s2,
+        Box::new(move |i| {
+            let _ = tx.send(i);
+        }),
+    )
+    .await
+    .unwrap();
     assert!(launcher.is_alive(sp2.clone()).await);
     // Stopped once it sleeps (SIGTERM ends `sleep`), not while its shell is still starting up.
     let log2 = t.join("logs/worker-2.log");
@@ -354,24 +370,19 @@ async fn real_engine_lifecycle() {
     let opts = CreateContainerOptionsBuilder::new()
         .name(&container_name(&s3))
         .build();
-    launcher
-        .docker
-        .create_container(Some(opts), leftover)
-        .await
-        .unwrap();
+    docker.create_container(Some(opts), leftover).await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sp3 = launcher
-        .spawn(
-            s3,
-            Box::new(move |i| {
-                let _ = tx.send(i);
-            }),
-        )
-        .await
-        .unwrap();
+    let sp3 = spawn(
+        &launcher,
+        s3,
+        Box::new(move |i| {
+            let _ = tx.send(i);
+        }),
+    )
+    .await
+    .unwrap();
     let id3 = sp3.container_id.clone().unwrap();
-    launcher
-        .docker
+    docker
         .kill_container(
             &id3,
             None::<bollard::query_parameters::KillContainerOptions>,
@@ -382,8 +393,7 @@ async fn real_engine_lifecycle() {
     launcher.cleanup(sp3).await;
     assert!(launcher.discover(&rush).await.is_empty());
 
-    let _ = launcher
-        .docker
+    let _ = docker
         .remove_image(
             TEST_IMAGE,
             Some(

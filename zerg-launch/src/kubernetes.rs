@@ -38,17 +38,18 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Client, Resource};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
 use zerg_proto::contract::image;
 
-use super::container::{LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER};
+use super::engine::{LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER};
 use super::{
     BoxFuture, Discovered, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec,
     remote_env,
 };
+use zerg_config::KubernetesSettings;
 
 /// Annotation: the feature.
 pub const ANNOTATION_FEATURE: &str = "zerg.feature";
@@ -76,70 +77,6 @@ const JOB_CHECK: Duration = Duration::from_secs(30);
 const LEFTOVER_WAIT: Duration = Duration::from_secs(60);
 /// Pause between retries when the API server cannot be reached at the start of a watch.
 const RETRY_PAUSE: Duration = Duration::from_secs(5);
-
-/// When the kubelet pulls the worker image (the container's `imagePullPolicy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ImagePullPolicy {
-    /// Pull on every start.
-    Always,
-    /// Pull only when the node does not have the image.
-    #[default]
-    IfNotPresent,
-    /// Never pull: the image must be on the node.
-    Never,
-}
-
-impl ImagePullPolicy {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Always => "Always",
-            Self::IfNotPresent => "IfNotPresent",
-            Self::Never => "Never",
-        }
-    }
-}
-
-/// `kubernetes:` section: where and how worker Jobs run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct KubernetesSettings {
-    /// Namespace of the Jobs, Secrets and ConfigMaps.
-    pub namespace: String,
-    /// Service account the worker pods run as; the namespace's `default` when unset. Its API
-    /// token is never mounted.
-    pub service_account: Option<String>,
-    /// Node labels a worker pod must match (`nodeSelector`).
-    pub node_selector: BTreeMap<String, String>,
-    /// CPU request of a worker (`500m`, `1`); none when unset.
-    pub cpu_request: Option<String>,
-    /// CPU limit of a worker (`2`); `resources.container_cpu_limit` when unset.
-    pub cpu_limit: Option<String>,
-    /// Memory request of a worker (`1Gi`); none when unset.
-    pub memory_request: Option<String>,
-    /// Memory limit of a worker (`4Gi`); `resources.container_memory_limit` when unset.
-    pub memory_limit: Option<String>,
-    /// Seconds a finished Job (and its pod, Secret and ConfigMap) is kept before Kubernetes
-    /// deletes it.
-    pub ttl_seconds_after_finished: u32,
-    /// When the kubelet pulls the image: `Always`, `IfNotPresent` or `Never`.
-    pub image_pull_policy: ImagePullPolicy,
-}
-
-impl Default for KubernetesSettings {
-    fn default() -> Self {
-        Self {
-            namespace: "default".into(),
-            service_account: None,
-            node_selector: BTreeMap::new(),
-            cpu_request: None,
-            cpu_limit: None,
-            memory_request: None,
-            memory_limit: None,
-            ttl_seconds_after_finished: 3600,
-            image_pull_policy: ImagePullPolicy::IfNotPresent,
-        }
-    }
-}
 
 /// Launches workers as Kubernetes Jobs.
 #[derive(Clone)]

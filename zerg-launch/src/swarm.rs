@@ -42,9 +42,10 @@ use bollard::query_parameters::{
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::container::{
+use super::container::{exit_info, image_of};
+use super::engine::{
     LABEL_FEATURE, LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER, connect_engine, engine_error,
-    exit_info, image_of, missing_image, parse_worker_labels, status,
+    missing_image, parse_worker_labels, status,
 };
 use super::{
     BoxFuture, Discovered, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec,
@@ -605,7 +606,7 @@ impl Launcher for SwarmLauncher {
 /// `zerg-<first 12 hex digits of the rush id's SHA-256>-w<slot>-g<generation>`, unique per
 /// rush, slot and generation, and within Swarm's 63 characters.
 pub fn service_name(spec: &WorkerSpec) -> String {
-    let rush = crate::worker_plane::hex(&Sha256::digest(spec.rush_id.as_bytes()));
+    let rush = crate::token::hex(&Sha256::digest(spec.rush_id.as_bytes()));
     format!(
         "zerg-{}-w{}-g{}",
         &rush[..12],

@@ -1,15 +1,31 @@
-//! How workers are started and stopped: the [`Launcher`] trait, with a subprocess
+//! How zerg's workers are started and stopped: the [`Launcher`] trait, with a subprocess
 //! implementation ([`subprocess`]), a Docker implementation ([`container`]), and, for workers
 //! that share no filesystem with zergd, Docker Swarm ([`swarm`]) and Kubernetes ([`kubernetes`]).
+//! What the engine launchers share (labels, the engine connection, its errors) is in [`engine`].
+//!
+//! The crate knows the contracts (`zerg-proto`) and the plain settings (`zerg-config`) and
+//! nothing else: it does no git and never calls back into zergd. What a worker needs prepared
+//! on the host (a container's private git dir, its home) is prepared by zergd and handed in with
+//! the [`WorkerSpec`]; what a worker leaves behind (a container's git objects) is taken by zergd
+//! when the exit is reported.
 //!
 //! A launcher starts one `zerg-worker-agent` per call, reports its exit exactly once through the
 //! [`ExitSink`] it was given (the moment it happens, not at the next poll), and can stop a worker
 //! (SIGTERM to the whole process group or container, then SIGKILL after a grace period).
 
 pub mod container;
+pub mod engine;
 pub mod kubernetes;
 pub mod subprocess;
 pub mod swarm;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+pub mod token;
+
+pub use token::WorkerToken;
+
+/// File name of a worker-plane socket inside its own directory.
+pub const PLANE_SOCKET_NAME: &str = "worker.sock";
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -48,7 +64,7 @@ pub struct WorkerSpec {
     /// The rush's worker-plane socket (host path); never the control socket.
     pub socket: PathBuf,
     /// The worker's token for this generation.
-    pub token: crate::worker_plane::WorkerToken,
+    pub token: WorkerToken,
     /// The `zerg-worker-agent` binary (host path).
     pub agent_bin: PathBuf,
     /// Container settings (container mode only).
@@ -99,8 +115,9 @@ pub struct ContainerSpec {
     pub cpus: f64,
     /// Process limit.
     pub pids_limit: i64,
-    /// Size limits on the git objects imported from the container.
-    pub import_limits: crate::git::objects::ImportLimits,
+    /// The host side zergd prepared for the container (its git layout, identity, the host's
+    /// facts); `None` until it has, and a container spawn without it is refused.
+    pub host: Option<container::HostFacts>,
     /// Largest container log the engine keeps, and the largest `worker-<N>.log` the mirror
     /// writes, in bytes.
     pub log_max_bytes: u64,
