@@ -185,7 +185,7 @@ pub async fn run(
         .map_err(io_err(format!("cannot chmod {}", opts.socket.display())))?;
 
     let settings = Settings {
-        socket: opts.socket.clone(),
+        planes: Arc::new(worker_plane::Planes::beside(&opts.socket)),
         agent_bin: opts.agent_bin.clone(),
         registry_path: opts.state_dir.join("rushes.json"),
     };

@@ -7,8 +7,8 @@
 //! else. Its directory holds only that socket, so container mode mounts the directory and no path
 //! inside a container leads to the control socket.
 //!
-//! Every spawn gets a fresh random 256-bit [`WorkerToken`], bound to the rush, the worker slot and
-//! the spawn generation. It reaches the worker through its environment
+//! Every spawn gets a fresh random 256-bit [`crate::launcher::WorkerToken`], bound to the rush,
+//! the worker slot and the spawn generation. It reaches the worker through its environment
 //! ([`zerg_proto::contract::env::WORKER_TOKEN`]) and must come back on every RPC as
 //! `authorization: Bearer <token>`. zergd keeps only its SHA-256 in the state file, so workers
 //! can still be re-adopted after a restart; the token itself is never logged nor persisted. The
@@ -33,7 +33,7 @@ use crate::calls::{
 use crate::error::SupervisorError;
 use crate::launcher::PLANE_SOCKET_NAME;
 use crate::launcher::token::{hash_token, hex};
-use crate::supervisor::{Event, Handle, WorkerCmd};
+use crate::supervisor::{Event, Handle, PlaneServer, WorkerCmd};
 use crate::wire::worker::lease_caller;
 
 /// Largest message a worker may send (a completion with many tier results is a few KiB).
@@ -51,6 +51,45 @@ pub fn auth_from_metadata(rush_id: &str, md: &MetadataMap) -> WorkerAuth {
     WorkerAuth {
         rush_id: rush_id.to_string(),
         token_sha256: token.map(hash_token),
+    }
+}
+
+/// The worker planes of a zergd whose control socket is `control_socket`: each rush's socket in
+/// `w/` beside it, and the TCP plane of remote workers.
+#[derive(Debug, Clone)]
+pub struct Planes {
+    control_socket: PathBuf,
+}
+
+impl Planes {
+    /// The planes beside `control_socket`.
+    pub fn beside(control_socket: &Path) -> Self {
+        Self {
+            control_socket: control_socket.to_path_buf(),
+        }
+    }
+}
+
+impl PlaneServer for Planes {
+    fn serve(&self, rush_id: &str, handle: Handle) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        serve(&self.control_socket, rush_id, handle)
+    }
+
+    fn serve_tcp(
+        &self,
+        listen: &str,
+        tls: &crate::remote::PlaneTls,
+        handle: Handle,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        serve_tcp(listen, tls, handle)
+    }
+
+    fn socket(&self, rush_id: &str) -> PathBuf {
+        plane_socket(&self.control_socket, rush_id)
+    }
+
+    fn remove(&self, rush_id: &str) {
+        let _ = std::fs::remove_dir_all(plane_dir(&self.control_socket, rush_id));
     }
 }
 

@@ -246,7 +246,7 @@ async fn start(
     let (tx, rx) = mpsc::unbounded_channel();
     *fake.spawns.lock().unwrap() = Some(tx);
     let settings = Settings {
-        socket: dir.join("zergd.sock"),
+        planes: Arc::new(zergd::worker_plane::Planes::beside(&dir.join("zergd.sock"))),
         agent_bin: PathBuf::from("/unused"),
         registry_path: dir.join("state/rushes.json"),
     };

@@ -56,7 +56,7 @@ impl StateStore {
 
     /// [`StateStore::load`], also saying what was out of the ordinary: a corrupt, truncated
     /// or empty state file falls back to `<feature>.json.bak`, the previous generation, and a
-    /// journal record that cannot be trusted ends the replay (see [`journal`]). A file from a
+    /// journal record that cannot be trusted ends the replay (see [`crate::state::journal`]). A file from a
     /// newer zergd is refused, never replaced by an older backup.
     pub fn load_noting_backup(&self) -> Result<Option<(StateDoc, Option<String>)>, StoreError> {
         let path = self.path();

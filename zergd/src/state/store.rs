@@ -76,7 +76,7 @@ impl StateStore {
         self.dir.join(format!("{}.json", self.feature))
     }
 
-    /// Path of the state journal (see [`journal`]).
+    /// Path of the state journal (see [`super::journal`]).
     pub fn journal_path(&self) -> PathBuf {
         self.dir.join(format!("{}.journal", self.feature))
     }
@@ -97,7 +97,7 @@ impl StateStore {
     }
 
     /// Writes the whole document atomically under the lock; returns its size. Used by
-    /// [`Journal`], which also keeps the journal consistent with it.
+    /// [`super::Journal`], which also keeps the journal consistent with it.
     pub fn save(&self, doc: &StateDoc) -> Result<u64, StoreError> {
         // Compact, not pretty: at 10,000 tasks the indentation alone is a third of the file,
         // and every reader parses it (`jq .` shows it indented).

@@ -53,8 +53,11 @@ impl Supervisor {
             .join("remote");
         let tls =
             crate::remote::tls_material(&dir, cfg).map_err(SupervisorError::failed_precondition)?;
-        let task =
-            crate::worker_plane::serve_tcp(&cfg.listen, &tls, self.handle()).map_err(|e| {
+        let task = self
+            .settings
+            .planes
+            .serve_tcp(&cfg.listen, &tls, self.handle())
+            .map_err(|e| {
                 SupervisorError::failed_precondition(format!(
                     "cannot serve the TCP worker plane on {} (remote.listen): {e}",
                     cfg.listen
@@ -85,7 +88,7 @@ impl Supervisor {
         if self.planes.get(rush_id).is_some_and(|h| !h.is_finished()) {
             return;
         }
-        match crate::worker_plane::serve(&self.settings.socket, rush_id, self.handle()) {
+        match self.settings.planes.serve(rush_id, self.handle()) {
             Ok(h) => {
                 self.planes.insert(rush_id.to_string(), h);
             }
@@ -106,10 +109,7 @@ impl Supervisor {
             // a moment: not on the actor.
             tokio::task::spawn_blocking(move || drop(m));
         }
-        let _ = std::fs::remove_dir_all(crate::worker_plane::plane_dir(
-            &self.settings.socket,
-            rush_id,
-        ));
+        self.settings.planes.remove(rush_id);
     }
 
     /// Carries out what a rush asked for. `unsaved` is why its state could not be written, if
@@ -152,53 +152,35 @@ impl Supervisor {
             let launchers = self.launchers.clone();
             let base = base.clone();
             tokio::spawn(async move {
-                let launcher = match launchers.get(mode).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = tx.send(Event::Spawned {
-                            rush: rid,
-                            worker: w,
-                            generation,
-                            result: Err(e),
-                        });
-                        return;
-                    }
-                };
-                // The worktree, and for a container its host side, are made here: launchers do
-                // no git.
-                let prepared = tokio::task::spawn_blocking(move || {
-                    let mut spec = spec;
-                    let start = crate::git::rev(&spec.repo, "HEAD").unwrap_or_default();
-                    let trusted = crate::git::Trusted::new(&spec.repo, &base);
-                    crate::git::ensure_worktree(
-                        &spec.repo,
-                        &spec.worktree,
-                        &spec.branch,
-                        &start,
-                        &trusted,
-                    )
-                    .map_err(|e| SpawnError::new(e.to_string()))?;
-                    if mode == Mode::Container {
-                        spec.container.host = Some(crate::container_host::prepare(&spec)?);
-                    }
-                    Ok::<_, SpawnError>(spec)
-                })
-                .await
-                .unwrap_or_else(|e| Err(SpawnError::new(format!("spawn preparation failed: {e}"))));
-                let spec = match prepared {
-                    Ok(spec) => spec,
-                    Err(e) => {
-                        let _ = tx.send(Event::Spawned {
-                            rush: rid,
-                            worker: w,
-                            generation,
-                            result: Err(e),
-                        });
-                        return;
-                    }
-                };
-                let sink = exit_sink(&tx, &rid, w, generation, import);
-                let result = launcher.spawn(spec, sink).await;
+                let result = async {
+                    let launcher = launchers.get(mode).await?;
+                    // The worktree, and for a container its host side, are made here:
+                    // launchers do no git.
+                    let spec = tokio::task::spawn_blocking(move || {
+                        let mut spec = spec;
+                        let start = crate::git::rev(&spec.repo, "HEAD").unwrap_or_default();
+                        let trusted = crate::git::Trusted::new(&spec.repo, &base);
+                        crate::git::ensure_worktree(
+                            &spec.repo,
+                            &spec.worktree,
+                            &spec.branch,
+                            &start,
+                            &trusted,
+                        )
+                        .map_err(|e| SpawnError::new(e.to_string()))?;
+                        if mode == Mode::Container {
+                            spec.container.host = Some(crate::container_host::prepare(&spec)?);
+                        }
+                        Ok::<_, SpawnError>(spec)
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(SpawnError::new(format!("spawn preparation failed: {e}")))
+                    })?;
+                    let sink = exit_sink(&tx, &rid, w, generation, import);
+                    launcher.spawn(spec, sink).await
+                }
+                .await;
                 let _ = tx.send(Event::Spawned {
                     rush: rid,
                     worker: w,
@@ -330,7 +312,7 @@ impl Supervisor {
             spec_dir: r.paths.spec_dir.clone(),
             state_dir: r.paths.state_dir.clone(),
             log_dir: r.paths.log_dir.clone(),
-            socket: crate::worker_plane::plane_socket(&self.settings.socket, rush_id),
+            socket: self.settings.planes.socket(rush_id),
             token,
             agent_bin: self.settings.agent_bin.clone(),
             container: ContainerSpec {

@@ -164,7 +164,7 @@ pub enum Event {
     Control(ControlCmd),
     /// A worker RPC, with who sent it as the worker plane saw it.
     Worker(WorkerAuth, WorkerCmd),
-    /// A reported commit was checked (see [`crate::git::check_task_commit`]).
+    /// A reported commit was checked (see [`zerg_git::Repo::check_task_commit`]).
     Verified {
         /// Rush id.
         rush: String,
@@ -250,11 +250,29 @@ impl Handle {
     }
 }
 
+/// The worker planes, as the supervisor starts and stops them. The worker plane itself
+/// (`worker_plane`, wired in by `run`) talks back only through the [`Handle`] it is given.
+pub trait PlaneServer: std::fmt::Debug + Send + Sync + 'static {
+    /// Serves the Unix plane of one rush (its own socket, the `Worker` service only).
+    fn serve(&self, rush_id: &str, handle: Handle) -> std::io::Result<tokio::task::JoinHandle<()>>;
+    /// Serves the TCP plane of remote workers on `listen`, with `tls`.
+    fn serve_tcp(
+        &self,
+        listen: &str,
+        tls: &crate::remote::PlaneTls,
+        handle: Handle,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>>;
+    /// The Unix socket of a rush's plane, as its workers are told.
+    fn socket(&self, rush_id: &str) -> PathBuf;
+    /// Removes what a rush's Unix plane left on disk.
+    fn remove(&self, rush_id: &str);
+}
+
 /// Static settings of the daemon.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The control socket; the worker-plane sockets live in `w/` beside it.
-    pub socket: PathBuf,
+    /// Serves the worker planes.
+    pub planes: Arc<dyn PlaneServer>,
     /// The worker agent binary.
     pub agent_bin: PathBuf,
     /// zergd's list of rushes.

@@ -16,11 +16,11 @@ use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::time::Instant;
 use tonic::Code;
 use zerg_proto::graph::TaskGraph;
-use zerg_proto::v1;
-use zerg_proto::v1::lease_reply::Outcome;
 use zerg_symbols::{BuildStats, Grammar, SymbolIndex};
 
-use crate::calls::{Beat, Caller, Completion, Failure, LeaseOutcome, LeaseRef, Register};
+use crate::calls::{
+    Assignment, Beat, Caller, Completion, Failure, LeaseOutcome, LeaseRef, Register,
+};
 
 use super::rush::{Effects, MergeResult, Rush, RushPaths};
 use crate::config::{Config, WorkersConfig};
@@ -33,9 +33,9 @@ const RUSH_ID: &str = "feat-1";
 type LeaseRx = oneshot::Receiver<Result<LeaseOutcome, SupervisorError>>;
 
 /// The lease a task handed out names.
-fn lease_of(t: &v1::Task) -> LeaseRef {
+fn lease_of(t: &Assignment) -> LeaseRef {
     LeaseRef {
-        task_id: t.id.clone(),
+        task_id: t.task_id.clone(),
         lease_id: t.lease_id.clone(),
     }
 }
@@ -233,13 +233,13 @@ impl H {
         self.lease_as(w, me)
     }
 
-    /// The lease reply worker `w` received, if any yet, as the wire carries it.
-    fn reply(&mut self, w: u32) -> Option<Result<v1::LeaseReply, SupervisorError>> {
+    /// The lease reply worker `w` received, if any yet.
+    fn reply(&mut self, w: u32) -> Option<Result<LeaseOutcome, SupervisorError>> {
         let rx = self.leases.get_mut(&w)?;
         match rx.try_recv() {
             Ok(v) => {
                 self.leases.remove(&w);
-                Some(v.map(v1::LeaseReply::from))
+                Some(v)
             }
             Err(TryRecvError::Empty) => None,
             Err(TryRecvError::Closed) => {
@@ -250,11 +250,9 @@ impl H {
     }
 
     #[track_caller]
-    fn leased(&mut self, w: u32) -> v1::Task {
+    fn leased(&mut self, w: u32) -> Assignment {
         match self.reply(w) {
-            Some(Ok(v1::LeaseReply {
-                outcome: Some(Outcome::Task(t)),
-            })) => t,
+            Some(Ok(LeaseOutcome::Task(t))) => *t,
             other => panic!("worker {w} expected a task, got {other:?}"),
         }
     }
@@ -262,9 +260,7 @@ impl H {
     #[track_caller]
     fn done(&mut self, w: u32) -> String {
         match self.reply(w) {
-            Some(Ok(v1::LeaseReply {
-                outcome: Some(Outcome::Done(d)),
-            })) => d.reason,
+            Some(Ok(LeaseOutcome::Done { reason })) => reason,
             other => panic!("worker {w} expected Done, got {other:?}"),
         }
     }
@@ -272,24 +268,22 @@ impl H {
     /// The fake agent of slot `w` starts, registers and asks for work. Returns the task if
     /// one was handed out at once (otherwise the request stays parked).
     #[track_caller]
-    fn join(&mut self, w: u32) -> Option<v1::Task> {
+    fn join(&mut self, w: u32) -> Option<Assignment> {
         self.spawned(w);
         self.register(w);
         self.lease(w);
         match self.reply(w) {
             None => None,
-            Some(Ok(v1::LeaseReply {
-                outcome: Some(Outcome::Task(t)),
-            })) => Some(t),
+            Some(Ok(LeaseOutcome::Task(t))) => Some(*t),
             other => panic!("worker {w} expected a task or nothing, got {other:?}"),
         }
     }
 
-    fn complete_req(&self, w: u32, t: &v1::Task) -> Completion {
+    fn complete_req(&self, w: u32, t: &Assignment) -> Completion {
         Completion {
             caller: self.wref(w),
             lease: lease_of(t),
-            commit: format!("c-{}", t.id),
+            commit: format!("c-{}", t.task_id),
             tiers: vec![],
             out_of_scope: vec![],
             duration_ms: 1000,
@@ -305,21 +299,21 @@ impl H {
     }
 
     #[track_caller]
-    fn complete(&mut self, w: u32, t: &v1::Task) -> Effects {
+    fn complete(&mut self, w: u32, t: &Assignment) -> Effects {
         let req = self.complete_req(w, t);
         match self.try_complete(req) {
             Ok(fx) => fx,
-            Err(e) => panic!("complete of {} refused: {e:?}", t.id),
+            Err(e) => panic!("complete of {} refused: {e:?}", t.task_id),
         }
     }
 
-    fn fail_req(&self, w: u32, t: &v1::Task, kind: &str) -> Failure {
+    fn fail_req(&self, w: u32, t: &Assignment, kind: &str) -> Failure {
         Failure {
             caller: self.wref(w),
             lease: lease_of(t),
             // Test names: the domain's (`agent_failed`); an unknown one stays unspecified.
             kind: kind.parse::<crate::domain::FailKind>().ok(),
-            message: format!("{kind} on {}", t.id),
+            message: format!("{kind} on {}", t.task_id),
             tiers: vec![],
             retry_at_ms: 0,
             checkpoint: None,
@@ -345,7 +339,7 @@ impl H {
     }
 
     #[track_caller]
-    fn fail(&mut self, w: u32, t: &v1::Task, kind: &str) -> Effects {
+    fn fail(&mut self, w: u32, t: &Assignment, kind: &str) -> Effects {
         let req = self.fail_req(w, t, kind);
         self.fail_with(req)
     }
@@ -353,7 +347,7 @@ impl H {
     fn heartbeat_as(
         &mut self,
         worker: Caller,
-        t: Option<&v1::Task>,
+        t: Option<&Assignment>,
         step: &str,
         last_output_ms: i64,
     ) -> Result<(), SupervisorError> {
@@ -369,7 +363,7 @@ impl H {
     }
 
     #[track_caller]
-    fn heartbeat(&mut self, w: u32, t: Option<&v1::Task>, step: &str, last_output_ms: i64) {
+    fn heartbeat(&mut self, w: u32, t: Option<&Assignment>, step: &str, last_output_ms: i64) {
         let me = self.wref(w);
         if let Err(e) = self.heartbeat_as(me, t, step, last_output_ms) {
             panic!("heartbeat of worker {w} refused: {e:?}");
@@ -436,12 +430,15 @@ fn happy_path_runs_level_by_level_and_completes() {
 
     let a = h.join(0).expect("worker 0 gets a task");
     let b = h.join(1).expect("worker 1 gets a task");
-    assert_eq!((a.id.as_str(), b.id.as_str()), ("A-L1-001", "A-L1-002"));
+    assert_eq!(
+        (a.task_id.as_str(), b.task_id.as_str()),
+        ("A-L1-001", "A-L1-002")
+    );
     assert_eq!(a.level, 1);
     assert_eq!(a.lease_id, "A-L1-001#1");
     assert_eq!(a.attempt, 1);
     assert_eq!(a.base_commit, "base");
-    assert_eq!(a.files_create, vec!["src/a-l1-001.rs".to_string()]);
+    assert_eq!(a.files.create, vec!["src/a-l1-001.rs".to_string()]);
     assert_eq!(h.task("A-L1-001").status, TaskStatus::InProgress);
     assert_eq!(h.task("A-L1-001").worker_id, Some(0));
     assert_eq!(h.worker(0).status, WorkerStatus::Running);
@@ -456,7 +453,7 @@ fn happy_path_runs_level_by_level_and_completes() {
     assert_eq!(h.worker(0).accepted_head, "c-A-L1-001");
     h.lease(0);
     let c = h.leased(0);
-    assert_eq!(c.id, "A-L1-003");
+    assert_eq!(c.task_id, "A-L1-003");
     assert_eq!(
         c.base_commit, "c-A-L1-001",
         "a worker continues from its own commits"
@@ -502,7 +499,10 @@ fn happy_path_runs_level_by_level_and_completes() {
     // Both parked workers get level 2 work in the same call, based on the merged staging.
     let d = h.leased(0);
     let e = h.leased(1);
-    assert_eq!((d.id.as_str(), e.id.as_str()), ("A-L2-001", "A-L2-002"));
+    assert_eq!(
+        (d.task_id.as_str(), e.task_id.as_str()),
+        ("A-L2-001", "A-L2-002")
+    );
     assert_eq!(d.base_commit, "sha-L1");
     assert_eq!(e.base_commit, "sha-L1");
 
@@ -556,13 +556,13 @@ fn work_stealing_gives_a_free_worker_the_next_ready_task_at_once() {
     h.start();
     let mut t = h.join(0).expect("task");
     let slow = h.join(1).expect("task");
-    assert_eq!(slow.id, "A-L1-002");
+    assert_eq!(slow.task_id, "A-L1-002");
     // Worker 1 is slow; worker 0 takes every other task of the level, one after the other.
     for next in ["A-L1-003", "A-L1-004"] {
         h.complete(0, &t);
         h.lease(0);
         t = h.leased(0);
-        assert_eq!(t.id, next);
+        assert_eq!(t.task_id, next);
         assert_eq!(h.task("A-L1-002").status, TaskStatus::InProgress);
         assert_eq!(h.task("A-L1-002").worker_id, Some(1));
     }
@@ -589,7 +589,7 @@ fn stale_leases_and_old_generations_are_refused_and_change_nothing() {
     let before = h.r.doc.clone();
 
     // A lease id that is not the current one.
-    let old = v1::Task {
+    let old = Assignment {
         lease_id: "A-L1-001#0".into(),
         ..a.clone()
     };
@@ -623,7 +623,7 @@ fn stale_leases_and_old_generations_are_refused_and_change_nothing() {
     let fx = h.exit(0, ExitInfo::Signal(9));
     assert_eq!(fx.spawn, vec![(0, 2)]);
     let a2 = h.join(0).expect("the requeued task");
-    assert_eq!(a2.id, "A-L1-001");
+    assert_eq!(a2.task_id, "A-L1-001");
     assert_eq!(a2.lease_id, "A-L1-001#2");
     let before = h.r.doc.clone();
     // The old generation can report neither the old lease nor the new one.
@@ -702,7 +702,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
     h.start();
     let mut t = h.join(0).expect("task");
     let other = h.join(1).expect("task");
-    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.task_id, "A-L1-001");
     for attempt in 1..=2u32 {
         let fx = h.fail(0, &t, "verification_failed");
         assert!(fx.merge.is_none());
@@ -730,7 +730,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
         h.advance_to(due);
         h.tick();
         t = h.leased(0);
-        assert_eq!(t.id, "A-L1-001");
+        assert_eq!(t.task_id, "A-L1-001");
         assert_eq!(t.attempt, attempt + 1);
         assert_eq!(t.lease_id, format!("A-L1-001#{}", attempt + 1));
     }
@@ -768,7 +768,7 @@ fn failed_task_retries_with_backoff_then_fails_and_blocks_its_dependents() {
     assert_eq!(h.r.doc.levels["1"].status, LevelStatus::Failed);
     assert_eq!(h.r.doc.current_level, 2);
     let t2 = h.leased(0);
-    assert_eq!(t2.id, "A-L2-002");
+    assert_eq!(t2.task_id, "A-L2-002");
     assert!(h.reply(1).is_none(), "the blocked A-L2-001 is never leased");
     assert_eq!(h.task("A-L2-001").status, TaskStatus::Blocked);
 
@@ -889,7 +889,7 @@ fn a_spawn_that_fails_twice_then_succeeds_runs_work() {
     }
     assert_eq!(h.generation(0), 3);
     let t = h.join(0).expect("task");
-    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.task_id, "A-L1-001");
     assert_eq!(h.worker(0).status, WorkerStatus::Running);
     assert_eq!(
         h.worker(0).spawn_failures,
@@ -969,7 +969,7 @@ fn crashed_workers_task_is_reassigned_at_once_and_the_slot_respawned() {
         assert_eq!(ts.status, TaskStatus::InProgress);
         assert_eq!(ts.worker_id, Some(1));
         let t2 = h.leased(1);
-        assert_eq!(t2.id, t.id);
+        assert_eq!(t2.task_id, t.task_id);
         assert_eq!(t2.attempt, 1);
         assert_eq!(t2.lease_id, "A-L1-001#2");
         let c = h.r.doc.rush.resilience;
@@ -998,7 +998,7 @@ fn crashed_task_waits_for_a_worker_when_none_is_healthy() {
     assert_eq!(h.task("A-L1-001").lease_id, None);
     assert_eq!(fx.spawn, vec![(0, 2)]);
     let t = h.join(0).expect("the respawned worker gets the task");
-    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.task_id, "A-L1-001");
     assert_eq!(t.attempt, 1);
 }
 
@@ -1092,7 +1092,7 @@ fn a_worker_killed_mid_task_is_respawned_at_once_every_time_within_the_cap() {
         let t = h.join(0).expect("a task");
         let fx = h.exit(0, ExitInfo::Signal(9));
         // The task's own crash cap (max(3, max_respawn_attempts) = 5) is not reached yet.
-        assert_eq!(h.task(&t.id).crashes, crash);
+        assert_eq!(h.task(&t.task_id).crashes, crash);
         assert_eq!(h.worker(0).respawn_times_ms.len(), crash as usize);
         assert_eq!(
             fx.spawn,
@@ -1182,7 +1182,7 @@ fn checkpoint_exit_requeues_the_task_and_respawns_at_once_counted_against_the_ca
     );
     assert_eq!(h.r.doc.rush.resilience.worker_respawns, 1);
     assert_eq!(h.r.doc.rush.resilience.task_reassignments, 0);
-    assert_eq!(h.join(0).expect("task").id, "A-L1-001");
+    assert_eq!(h.join(0).expect("task").task_id, "A-L1-001");
 }
 
 // === 8: FR-2 task watchdog ===
@@ -1285,7 +1285,7 @@ fn silent_worker_goes_stale_and_its_task_moves_to_a_healthy_worker() {
     assert_eq!(ts.retry_count, 0);
     assert_eq!(ts.crashes, 1);
     assert_eq!(ts.worker_id, Some(1), "reassigned in the same tick");
-    assert_eq!(h.leased(1).id, "A-L1-001");
+    assert_eq!(h.leased(1).task_id, "A-L1-001");
     assert!(h.reply(2).is_none());
     assert!(h.logged("heartbeat_stale"));
     // The killed worker's exit counts as a crash and the slot is replaced.
@@ -1349,7 +1349,7 @@ fn mass_staleness_rechecks_once_before_failing_workers() {
     assert_eq!(stopped(&fx), vec![0, 1]);
     assert_eq!(h.r.doc.rush.resilience.stale_detections, 2);
     assert_eq!(h.r.doc.rush.resilience.task_reassignments, 2);
-    let got = BTreeSet::from([h.leased(2).id, h.leased(3).id]);
+    let got = BTreeSet::from([h.leased(2).task_id, h.leased(3).task_id]);
     assert_eq!(
         got,
         BTreeSet::from(["A-L1-001".to_string(), "A-L1-002".to_string()])
@@ -1490,7 +1490,7 @@ fn cost_and_tokens_are_summed_per_task_and_rush_across_attempts() {
     req.cost_usd = 0.5;
     req.usage = usage(1000);
     h.try_complete(req).expect("complete");
-    let ts = h.task(&t.id);
+    let ts = h.task(&t.task_id);
     assert_eq!(ts.cost_usd, 1.0);
     assert_eq!(ts.tokens.input_tokens, 1100);
     assert_eq!(ts.tokens.cache_read_tokens, 2200);
@@ -1545,7 +1545,7 @@ fn the_budget_stops_new_leases_and_pauses_the_rush() {
     let mut req = h.complete_req(1, &t1);
     req.cost_usd = 0.25;
     h.try_complete(req).expect("a running task finishes");
-    assert_eq!(h.task(&t1.id).status, TaskStatus::Complete);
+    assert_eq!(h.task(&t1.task_id).status, TaskStatus::Complete);
 }
 
 #[test]
@@ -1574,7 +1574,11 @@ fn a_new_detail_from_the_agent_counts_as_progress() {
         };
         h.r.on_heartbeat(req, h.now, h.wall).expect("beat");
         h.tick();
-        assert_eq!(h.task(&t.id).status, TaskStatus::InProgress, "retry {i}");
+        assert_eq!(
+            h.task(&t.task_id).status,
+            TaskStatus::InProgress,
+            "retry {i}"
+        );
     }
     assert_eq!(
         h.worker(0).detail.as_deref(),
@@ -1585,7 +1589,7 @@ fn a_new_detail_from_the_agent_counts_as_progress() {
     h.heartbeat(0, Some(&t), "implementing", 1);
     h.advance(Duration::from_secs(6));
     h.tick();
-    assert_ne!(h.task(&t.id).status, TaskStatus::InProgress);
+    assert_ne!(h.task(&t.task_id).status, TaskStatus::InProgress);
 }
 
 #[test]
@@ -1662,7 +1666,7 @@ fn rate_limit_pauses_new_work_until_the_reset_without_burning_retries() {
     );
     assert!(h.logged("rate_limit_over"));
     let t2 = h.leased(0);
-    assert_eq!(t2.id, "A-L1-001");
+    assert_eq!(t2.task_id, "A-L1-001");
     assert_eq!(t2.attempt, 1, "the rate-limited attempt was not counted");
     assert_eq!(h.task("A-L1-001").retry_count, 0);
 }
@@ -1820,7 +1824,7 @@ fn retry_after_failure_requeues_failed_and_blocked_tasks_and_restarts() {
     assert_eq!(h.r.doc.levels["2"].status, LevelStatus::Pending);
     assert_eq!(fx.spawn, vec![(0, 2)]);
     let t = h.join(0).expect("task");
-    assert_eq!(t.id, "A-L1-001");
+    assert_eq!(t.task_id, "A-L1-001");
     assert_eq!(t.attempt, 2);
 }
 
@@ -1980,8 +1984,8 @@ fn checkpoint_requeues_the_task_to_resume_from_its_wip_commit() {
     assert_eq!(ts.retry_count, 0);
     // The parked worker picks it up at once, resuming from the checkpoint.
     let t2 = h.leased(1);
-    assert_eq!(t2.id, "A-L1-001");
-    assert_eq!(t2.resume_from, "wip");
+    assert_eq!(t2.task_id, "A-L1-001");
+    assert_eq!(t2.resume_from.as_deref(), Some("wip"));
     assert_eq!(t2.attempt, 1);
     // The checkpointing worker exits 2 and is replaced at once.
     let fx = h.exit(0, ExitInfo::Code(2));
@@ -2050,7 +2054,7 @@ impl H {
     }
 
     /// One worker running the first of two level-1 tasks.
-    fn one_running(mode: Mode) -> (H, v1::Task) {
+    fn one_running(mode: Mode) -> (H, Assignment) {
         let mut h = H::new(
             vec![task("A-L1-001", 1, &[]), task("A-L1-002", 1, &[])],
             1,
@@ -2085,8 +2089,11 @@ fn readoption_keeps_a_live_worker_and_its_lease() {
     assert_eq!(out.watch[0].0, 0);
     assert!(out.orphans.is_empty());
     assert!(fx.spawn.is_empty(), "nothing is respawned");
-    assert_eq!(h.task(&t.id).status, TaskStatus::InProgress);
-    assert_eq!(h.task(&t.id).lease_id.as_deref(), Some(t.lease_id.as_str()));
+    assert_eq!(h.task(&t.task_id).status, TaskStatus::InProgress);
+    assert_eq!(
+        h.task(&t.task_id).lease_id.as_deref(),
+        Some(t.lease_id.as_str())
+    );
     assert!(h.logged("rush_resumed"));
     // It must reconnect within the grace period; its old lease still counts when it does.
     h.advance(Duration::from_secs(2));
@@ -2105,9 +2112,13 @@ fn readoption_treats_a_dead_worker_as_crashed_and_requeues_its_task() {
     let (mut h, t) = H::one_running(Mode::Subprocess);
     let (fx, out) = h.restart(&alive(0, false));
     assert!(out.watch.is_empty(), "{out:?}");
-    assert_eq!(h.task(&t.id).status, TaskStatus::Pending, "requeued");
-    assert_eq!(h.task(&t.id).crashes, 1);
-    assert_eq!(h.task(&t.id).retry_count, 0, "a crash is not an attempt");
+    assert_eq!(h.task(&t.task_id).status, TaskStatus::Pending, "requeued");
+    assert_eq!(h.task(&t.task_id).crashes, 1);
+    assert_eq!(
+        h.task(&t.task_id).retry_count,
+        0,
+        "a crash is not an attempt"
+    );
     let _ = fx;
     h.advance(Duration::from_secs(60));
     assert_eq!(h.tick().spawn, vec![(0, 2)], "the slot is respawned");
@@ -2138,7 +2149,7 @@ fn readoption_of_a_reused_pid_is_a_dead_worker() {
         fx.stop.is_empty(),
         "a process that is not ours is never signalled"
     );
-    assert_eq!(h.task(&t.id).status, TaskStatus::Pending);
+    assert_eq!(h.task(&t.task_id).status, TaskStatus::Pending);
 }
 
 #[test]
@@ -2149,9 +2160,9 @@ fn readoption_watches_a_gone_container_until_the_engine_reports_it() {
     assert_eq!(out.watch.len(), 1, "{out:?}");
     assert_eq!(out.watch[0].2.container_id.as_deref(), Some("c0"));
     assert!(fx.spawn.is_empty());
-    assert_eq!(h.task(&t.id).status, TaskStatus::InProgress);
+    assert_eq!(h.task(&t.task_id).status, TaskStatus::InProgress);
     h.exit(0, ExitInfo::Vanished);
-    assert_eq!(h.task(&t.id).status, TaskStatus::Pending);
+    assert_eq!(h.task(&t.task_id).status, TaskStatus::Pending);
     h.advance(Duration::from_secs(60));
     assert_eq!(h.tick().spawn, vec![(0, 2)]);
 }
@@ -2267,7 +2278,7 @@ fn leases_wait_for_the_symbol_map_and_carry_each_tasks_section() {
     });
     assert!(h.logged("symbols_updated"));
     let t = h.leased(0);
-    assert_eq!(t.id, "S-L2-001");
+    assert_eq!(t.task_id, "S-L2-001");
     // What level 1 wrote is in level 2's prompt.
     assert!(
         t.relevant_symbols
