@@ -1,6 +1,7 @@
 //! What the engine launchers (container and swarm) share, and the labels every launcher puts on
-//! what it makes: the engine connection, its errors turned into actionable spawn errors, and
-//! reading a worker's slot and generation back from its labels.
+//! what it makes: the engine connection, its errors turned into actionable spawn errors, the
+//! image a worker runs in, what a container's exit means, and reading a worker's slot and
+//! generation back from its labels.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 
-use crate::SpawnError;
+use crate::{ExitInfo, SpawnError, WorkerSpec};
 
 /// Label: the rush id.
 pub const LABEL_RUSH: &str = "zerg.rush";
@@ -18,6 +19,23 @@ pub const LABEL_FEATURE: &str = "zerg.feature";
 pub const LABEL_WORKER: &str = "zerg.worker";
 /// Label: the spawn generation.
 pub const LABEL_GENERATION: &str = "zerg.generation";
+
+/// The image a worker runs in: the rush's `container.image`, or the default tag.
+pub fn image_of(spec: &WorkerSpec) -> String {
+    match spec.container.image.trim() {
+        "" => zerg_proto::contract::image::DEFAULT_TAG.to_string(),
+        image => image.to_string(),
+    }
+}
+
+/// Maps a container's exit code and OOM flag to an [`ExitInfo`].
+pub fn exit_info(code: i64, oom_killed: bool) -> ExitInfo {
+    if oom_killed {
+        ExitInfo::OomKilled
+    } else {
+        ExitInfo::Code(code.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+    }
+}
 
 /// Engine request timeout (stop requests get the grace period on top).
 pub const ENGINE_TIMEOUT: Duration = Duration::from_secs(60);

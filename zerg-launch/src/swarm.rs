@@ -42,10 +42,9 @@ use bollard::query_parameters::{
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use super::container::{exit_info, image_of};
 use super::engine::{
     LABEL_FEATURE, LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER, connect_engine, engine_error,
-    missing_image, parse_worker_labels, status,
+    exit_info, image_of, missing_image, parse_worker_labels, status,
 };
 use super::{
     BoxFuture, Discovered, ExitInfo, ExitSink, Launcher, SpawnError, Spawned, WorkerSpec,

@@ -431,15 +431,6 @@ async fn wait_for_exit(docker: &Docker, id: &str) -> ExitInfo {
     }
 }
 
-/// Maps a container's exit code and OOM flag to an [`ExitInfo`].
-pub fn exit_info(code: i64, oom_killed: bool) -> ExitInfo {
-    if oom_killed {
-        ExitInfo::OomKilled
-    } else {
-        ExitInfo::Code(code.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-    }
-}
-
 /// The log cap of a container adopted after a restart (its rush's own setting is not on it).
 const DEFAULT_LOG_MAX: u64 = 64 << 20;
 
@@ -539,7 +530,9 @@ fn parse_user(user: &str) -> Option<(u32, u32)> {
 
 mod spec;
 
-use crate::engine::{ENGINE_TIMEOUT, connect_engine, engine_error, missing_image, status};
+use crate::engine::{
+    ENGINE_TIMEOUT, connect_engine, engine_error, exit_info, image_of, missing_image, status,
+};
 pub use crate::engine::{
     LABEL_FEATURE, LABEL_GENERATION, LABEL_RUSH, LABEL_WORKER, parse_worker_labels,
 };

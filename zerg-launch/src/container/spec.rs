@@ -23,14 +23,6 @@ pub fn container_name(spec: &WorkerSpec) -> String {
     )
 }
 
-pub(crate) fn image_of(spec: &WorkerSpec) -> String {
-    if spec.container.image.trim().is_empty() {
-        DEFAULT_IMAGE.to_string()
-    } else {
-        spec.container.image.trim().to_string()
-    }
-}
-
 /// Where a worker worktree's git metadata lives on the host, and what zergd prepared there for
 /// the container (found and made by zergd, which does the git work; the launcher only mounts).
 #[derive(Debug, Clone, PartialEq, Eq)]
