@@ -11,14 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bollard::models::{ContainerStatus, ExecConfig, TaskStatus};
-use bollard::query_parameters::CreateImageOptionsBuilder;
 use tokio_stream::StreamExt;
 
 use super::*;
 use crate::ContainerSpec;
 use crate::RemoteSpec;
 use crate::WorkerToken;
-use crate::testkit::stage;
+use crate::testkit::{import_image, remove_image, stage};
 use zerg_proto::contract::env as worker_env;
 use zerg_proto::testkit::{docker_or_skip, skip};
 
@@ -327,28 +326,7 @@ async fn build_test_image(docker: &Docker) {
     fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)).unwrap();
     fs::create_dir_all(r.join("tmp")).unwrap();
     fs::set_permissions(r.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
-    let tar = Command::new("tar")
-        .arg("-C")
-        .arg(r)
-        .args(["-cf", "-", "."])
-        .output()
-        .unwrap();
-    assert!(tar.status.success(), "tar failed");
-    let (repo, tag) = TEST_IMAGE.split_once(':').unwrap();
-    let opts = CreateImageOptionsBuilder::new()
-        .from_src("-")
-        .repo(repo)
-        .tag(tag)
-        .changes(vec!["ENV PATH=/usr/local/bin:/usr/bin:/bin".to_string()])
-        .build();
-    let mut s = std::pin::pin!(docker.create_image(
-        Some(opts),
-        Some(bollard::body_full(tar.stdout.into())),
-        None
-    ));
-    while let Some(item) = s.next().await {
-        item.expect("image import failed");
-    }
+    import_image(docker, r, TEST_IMAGE).await;
 }
 
 /// An exit sink that sends the exit on a channel and counts its calls.
@@ -623,15 +601,5 @@ async fn real_swarm_lifecycle() {
     }
     assert!(left.is_empty(), "{left:?}");
 
-    let _ = docker
-        .remove_image(
-            TEST_IMAGE,
-            Some(
-                bollard::query_parameters::RemoveImageOptionsBuilder::new()
-                    .force(true)
-                    .build(),
-            ),
-            None,
-        )
-        .await;
+    remove_image(&docker, TEST_IMAGE).await;
 }

@@ -17,7 +17,7 @@ use super::*;
 use crate::launcher::container::{
     AGENT_IN_IMAGE, ContainerLauncher, LABEL_FEATURE, LABEL_WORKER, container_name,
 };
-use crate::launcher::testkit::stage;
+use crate::launcher::testkit::{import_image, remove_image, stage};
 use crate::launcher::{ContainerSpec, ExitInfo, ExitSink, Launcher, SpawnError, Spawned};
 use zerg_proto::testkit::{docker_or_skip, git, skip};
 
@@ -77,28 +77,7 @@ async fn build_test_image(docker: &Docker, git: &Path) {
         fs::create_dir_all(r.join(d)).unwrap();
         fs::set_permissions(r.join(d), fs::Permissions::from_mode(0o1777)).unwrap();
     }
-    let tar = std::process::Command::new("tar")
-        .arg("-C")
-        .arg(r)
-        .args(["-cf", "-", "."])
-        .output()
-        .unwrap();
-    assert!(tar.status.success(), "tar failed");
-    let (repo, tag) = TEST_IMAGE.split_once(':').unwrap();
-    let opts = bollard::query_parameters::CreateImageOptionsBuilder::new()
-        .from_src("-")
-        .repo(repo)
-        .tag(tag)
-        .changes(vec![format!("ENV PATH={}", "/usr/local/bin:/usr/bin:/bin")])
-        .build();
-    let mut s = std::pin::pin!(docker.create_image(
-        Some(opts),
-        Some(bollard::body_full(tar.stdout.into())),
-        None
-    ));
-    while let Some(item) = s.next().await {
-        item.expect("image import failed");
-    }
+    import_image(docker, r, TEST_IMAGE).await;
 }
 
 /// Prepares the host side of `spec`'s container and starts it, as the supervisor does.
@@ -393,15 +372,5 @@ async fn real_engine_lifecycle() {
     launcher.cleanup(sp3).await;
     assert!(launcher.discover(&rush).await.is_empty());
 
-    let _ = docker
-        .remove_image(
-            TEST_IMAGE,
-            Some(
-                bollard::query_parameters::RemoveImageOptionsBuilder::new()
-                    .force(true)
-                    .build(),
-            ),
-            None,
-        )
-        .await;
+    remove_image(&docker, TEST_IMAGE).await;
 }
