@@ -177,14 +177,16 @@ fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
         &repo.path,
         "hp",
         T,
-        "both long tasks in their agent CLI",
+        "both long tasks in their agent CLI, the first one's service recorded",
         |s| {
-            ["G-L1-001", "G-L1-002"].iter().all(|t| {
-                s["workers"].as_object().is_some_and(|w| {
-                    w.values()
-                        .any(|x| x["current_task"] == *t && x["step"] == "implementing")
+            // The agent can reach its CLI before zergd records the service the spawn made.
+            running_worker(s, "G-L1-001").is_some_and(|w| w.container_id.is_some())
+                && ["G-L1-001", "G-L1-002"].iter().all(|t| {
+                    s["workers"].as_object().is_some_and(|w| {
+                        w.values()
+                            .any(|x| x["current_task"] == *t && x["step"] == "implementing")
+                    })
                 })
-            })
         },
     );
     let rush_id = st["rush_id"].as_str().unwrap().to_string();
