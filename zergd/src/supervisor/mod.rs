@@ -539,7 +539,8 @@ impl Supervisor {
                     // one) always goes out at once.
                     let n = msgs.len().max(1);
                     let ended = r.state() != RushState::Running;
-                    let view = r.view();
+                    // The view walks every task: made only when a snapshot goes out.
+                    let mut view = None;
                     for w in ws.iter_mut() {
                         let send = ended
                             || (w.drained() && now.duration_since(w.sent_at) >= SNAPSHOT_EVERY);
@@ -548,10 +549,11 @@ impl Supervisor {
                             w.sent_at = now;
                         }
                         for i in 0..n {
-                            let snapshot = (i + 1 == n && send).then_some(&view);
-                            if msgs.get(i).is_none() && snapshot.is_none() {
+                            let last = i + 1 == n && send;
+                            if msgs.get(i).is_none() && !last {
                                 continue;
                             }
+                            let snapshot = last.then(|| &*view.get_or_insert_with(|| r.view()));
                             w.sink.send(msgs.get(i), snapshot);
                         }
                     }
@@ -576,7 +578,7 @@ impl Supervisor {
             let Some(r) = self.rushes.get(id) else {
                 continue;
             };
-            let view = r.view();
+            let mut view = None;
             for w in ws.iter_mut().filter(|w| w.owed) {
                 let due = w.sent_at + SNAPSHOT_EVERY;
                 if now < due || !w.drained() {
@@ -584,7 +586,8 @@ impl Supervisor {
                     next = Some(next.map_or(at, |n| n.min(at)));
                     continue;
                 }
-                w.sink.send(None, Some(&view));
+                w.sink
+                    .send(None, Some(view.get_or_insert_with(|| r.view())));
                 w.owed = false;
                 w.sent_at = now;
             }
