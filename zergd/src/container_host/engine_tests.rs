@@ -19,6 +19,8 @@ use crate::launcher::container::{
 };
 use crate::launcher::testkit::{import_image, remove_image, stage};
 use crate::launcher::{ContainerSpec, ExitInfo, ExitSink, Launcher, SpawnError, Spawned};
+use crate::supervisor::Event;
+use crate::supervisor::effects::{ObjectImport, exit_sink};
 use zerg_proto::testkit::{docker_or_skip, git, skip};
 
 // === Against the real engine ===
@@ -211,22 +213,24 @@ async fn real_engine_lifecycle() {
         "{err}"
     );
 
-    // Worker 1 runs to completion: its exit code is observed, its commit lands on the host.
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    // Worker 1 runs to completion through the supervisor's own exit sink: its exit code is
+    // observed, and its commit's objects are imported before the supervisor hears of the exit.
+    let (events, mut exited) = tokio::sync::mpsc::unbounded_channel();
+    let import = ObjectImport::new(repo.clone(), "feat".into(), Default::default());
     let sp = spawn(
         &launcher,
         s1.clone(),
-        Box::new(move |i| {
-            let _ = tx.send(i);
-        }),
+        exit_sink(&events, &rush, 1, 1, Some(import)),
     )
     .await
     .unwrap();
     let id1 = sp.container_id.clone().unwrap();
-    assert_eq!(exit_of(rx).await, ExitInfo::Code(3));
-    // What the supervisor's exit sink does for a container worker: take its objects, verified.
-    let common = crate::git::objects::common_dir_of(&repo).unwrap();
-    crate::git::objects::import_objects(&common, "feat", 1, Default::default()).unwrap();
+    match tokio::time::timeout(Duration::from_secs(30), exited.recv()).await {
+        Ok(Some(Event::Exited { worker, info, .. })) => {
+            assert_eq!((worker, info), (1, ExitInfo::Code(3)));
+        }
+        other => panic!("no exit event within 30 s: {}", other.is_ok()),
+    }
     let report = fs::read_to_string(t.join("logs/worker-1/report")).unwrap();
     assert!(
         report.contains("worktree=/workspace pwd=/workspace"),

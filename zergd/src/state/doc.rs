@@ -307,6 +307,14 @@ pub struct LogEntry {
 }
 
 impl StateDoc {
+    /// How many tasks are complete.
+    pub fn tasks_complete(&self) -> usize {
+        self.tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::Complete)
+            .count()
+    }
+
     /// Appends to the execution log, dropping the oldest entries past the limit.
     pub fn log(&mut self, timestamp: String, event: &str, data: serde_json::Value) {
         self.execution_log.push(LogEntry {

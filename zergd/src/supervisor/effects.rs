@@ -339,7 +339,7 @@ impl Supervisor {
 
 /// Where a container worker's git objects are taken from when it exits.
 #[derive(Debug, Clone)]
-pub(super) struct ObjectImport {
+pub(crate) struct ObjectImport {
     /// The repository (its common git dir is found from it).
     repo: PathBuf,
     /// The feature, which names the worker's private git dir.
@@ -351,17 +351,34 @@ pub(super) struct ObjectImport {
 /// What to import from a rush's workers when they exit: for container mode only (swarm and
 /// kubernetes workers push their objects; subprocess workers write the repository's).
 pub(super) fn object_import(r: &Rush) -> Option<ObjectImport> {
-    (r.doc.rush.mode == Mode::Container).then(|| ObjectImport {
-        repo: r.paths.repo.clone(),
-        feature: r.doc.feature.clone(),
-        limits: crate::git::import_limits(&r.config.container),
+    (r.doc.rush.mode == Mode::Container).then(|| {
+        ObjectImport::new(
+            r.paths.repo.clone(),
+            r.doc.feature.clone(),
+            crate::git::import_limits(&r.config.container),
+        )
     })
+}
+
+impl ObjectImport {
+    /// The import of `feature`'s workers' objects into `repo` within `limits`.
+    pub(crate) fn new(
+        repo: PathBuf,
+        feature: String,
+        limits: crate::git::objects::ImportLimits,
+    ) -> Self {
+        Self {
+            repo,
+            feature,
+            limits,
+        }
+    }
 }
 
 /// A sink that turns a worker's exit into an [`Event::Exited`]; a container worker's git
 /// objects are imported (verified, within the rush's limits) first, so the supervisor sees its
 /// last commit when it handles the exit.
-pub(super) fn exit_sink(
+pub(crate) fn exit_sink(
     tx: &mpsc::UnboundedSender<Event>,
     rush: &str,
     worker: u32,

@@ -7,7 +7,7 @@
 //! after the state has been saved, so a reply never announces something a crash could lose.
 
 mod control;
-mod effects;
+pub(crate) mod effects;
 mod escalations;
 pub mod jobs;
 mod park;
@@ -735,12 +735,6 @@ impl Supervisor {
 
 /// A rush's line in the registry, with what `list` shows of it.
 pub(super) fn registry_entry(r: &Rush) -> RegistryEntry {
-    let complete = r
-        .doc
-        .tasks
-        .values()
-        .filter(|t| t.status == crate::domain::TaskStatus::Complete)
-        .count();
     RegistryEntry {
         rush_id: r.id().to_string(),
         repo: r.doc.rush.repo.clone(),
@@ -750,7 +744,7 @@ pub(super) fn registry_entry(r: &Rush) -> RegistryEntry {
             started_at: r.doc.started_at.clone(),
             finished_at: r.doc.rush.finished_at.clone(),
             tasks_total: r.doc.tasks.len() as u32,
-            tasks_complete: complete as u32,
+            tasks_complete: r.doc.tasks_complete() as u32,
             mode: r.doc.rush.mode,
         },
     }

@@ -219,12 +219,7 @@ impl Rush {
     /// Ends the rush: complete when every task completed, failed otherwise.
     pub(super) fn finish(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
         let total = self.doc.tasks.len();
-        let done = self
-            .doc
-            .tasks
-            .values()
-            .filter(|t| t.status == TaskStatus::Complete)
-            .count();
+        let done = self.doc.tasks_complete();
         self.doc.rush.finished_at = iso_millis(wall);
         self.doc.metrics = Some(json!({
             "computed_at": iso_millis(wall),
