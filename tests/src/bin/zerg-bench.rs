@@ -484,10 +484,18 @@ fn big_rush() -> Value {
     let written = trace.and_then(|t| t.finish("big"));
     match result {
         Ok(wall) => {
-            let events = std::fs::read_to_string(repo.path.join(".zerg/state/big-events.jsonl"))
-                .map(|s| s.lines().count())
-                .unwrap_or(0)
-                .max(1);
+            let log = std::fs::read_to_string(repo.path.join(".zerg/state/big-events.jsonl"))
+                .unwrap_or_default();
+            let events = log.lines().count().max(1);
+            // Events by type: two runs' counts compare kind by kind.
+            let mut by_type = std::collections::BTreeMap::<String, u64>::new();
+            for line in log.lines() {
+                let kind = serde_json::from_str::<Value>(line)
+                    .ok()
+                    .and_then(|v| v["type"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| "(unreadable)".into());
+                *by_type.entry(kind).or_default() += 1;
+            }
             let per_event = match written {
                 Ok(w) => json!(round(w as f64 / events as f64, 0)),
                 Err(why) => json!({"skipped": why}),
@@ -497,6 +505,7 @@ fn big_rush() -> Value {
                 "wall_s": round(wall.as_secs_f64(), 1),
                 "tasks_per_s": round(10_000.0 / wall.as_secs_f64(), 1),
                 "events": events,
+                "events_by_type": by_type,
                 "zergd_peak_rss_mb": round(mem_kib(pid).map(|m| m.1).unwrap_or(0) as f64 / 1024.0, 1),
                 "state_write_bytes_per_event": per_event,
             })
@@ -1818,6 +1827,13 @@ fn container_ready(opts: &Opts) -> Value {
     let zerg = || -> Result<f64, String> {
         let repo = TestRepo::new();
         repo.write_graph("cready", &graph_wide("cready", 1, n as u32));
+        // Each task holds its worker until the bench stops the rush. Tasks that end at once
+        // let the first workers up take every task, and the rush could end before the last
+        // container had started: that worker would never heartbeat.
+        repo.write_script(
+            "cready",
+            &json!({"default": [{"op": "write_owned"}, {"op": "sleep_ms", "ms": 600000}]}),
+        );
         std::fs::create_dir_all(repo.path.join(".zerg")).map_err(|e| e.to_string())?;
         std::fs::write(
             repo.path.join(".zerg/config.yaml"),
@@ -1845,8 +1861,10 @@ fn container_ready(opts: &Opts) -> Value {
             ));
         }
         let mut ready = None;
+        let mut last = None;
         while t.elapsed() < Duration::from_secs(120) {
-            if let Some(s) = d.status(&repo.path, "cready")
+            let status = d.status(&repo.path, "cready");
+            if let Some(s) = &status
                 && s["workers"].as_object().is_some_and(|w| {
                     w.len() == n
                         && w.values()
@@ -1864,6 +1882,7 @@ fn container_ready(opts: &Opts) -> Value {
                 }
                 break;
             }
+            last = status.or(last);
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = d.ctl_in(&repo.path, &["stop", "cready", "--force"]);
@@ -1880,7 +1899,32 @@ fn container_ready(opts: &Opts) -> Value {
                 .args(&left)
                 .output();
         }
-        ready.ok_or_else(|| "the ten workers did not all heartbeat within 120 s".into())
+        ready.ok_or_else(|| {
+            // Name what the bench last saw, so a run that fails here says why.
+            let seen = last.as_ref().map_or_else(
+                || "no status answered".to_string(),
+                |s| {
+                    let workers = s["workers"].as_object().map_or_else(Vec::new, |w| {
+                        w.iter()
+                            .map(|(id, w)| {
+                                format!(
+                                    "{id}: {} (heartbeat {:?})",
+                                    w["status"].as_str().unwrap_or("?"),
+                                    w["last_heartbeat"].as_str().unwrap_or("")
+                                )
+                            })
+                            .collect()
+                    });
+                    format!(
+                        "rush {}, {} of {n} workers: {}",
+                        s["state"].as_str().unwrap_or("?"),
+                        workers.len(),
+                        workers.join("; ")
+                    )
+                },
+            );
+            format!("the ten workers did not all heartbeat within 120 s; last status: {seen}")
+        })
     };
     let (mut zs, mut ps) = (Vec::new(), Vec::new());
     for _ in 0..opts.runs {
