@@ -56,9 +56,33 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
-    /// Whether it has taken everything sent to it.
-    fn drained(&self) -> bool {
-        self.sink.drained()
+    /// How long until it may be sent a snapshot: `None` when it may be now.
+    fn snapshot_wait(&self, running: bool, now: Instant) -> Option<Duration> {
+        snapshot_wait(
+            running,
+            self.sink.drained(),
+            now.saturating_duration_since(self.sent_at),
+        )
+    }
+}
+
+/// When a `Watch` client may be sent a snapshot: only once it has taken everything sent to it
+/// (so at most one snapshot waits in its queue), and, while the rush runs, at most every
+/// [`SNAPSHOT_EVERY`]. A snapshot of a rush that is not running (paused, ended: a follower may
+/// wait for exactly that one) does not wait for the interval, but it waits for the queue too:
+/// the batches of events after a rush ends (its workers' exits) would otherwise queue one whole
+/// snapshot each. `since` is the time since its last snapshot; `None` means now.
+fn snapshot_wait(running: bool, drained: bool, since: Duration) -> Option<Duration> {
+    let interval = if running {
+        SNAPSHOT_EVERY.saturating_sub(since)
+    } else {
+        Duration::ZERO
+    };
+    match (drained, interval.is_zero()) {
+        (true, true) => None,
+        // Not drained: look again a little later; the client takes its queue meanwhile.
+        (false, _) => Some(interval.max(SNAPSHOT_EVERY / 4)),
+        (true, false) => Some(interval),
     }
 }
 
@@ -531,19 +555,15 @@ impl Supervisor {
                 let msgs = std::mem::take(&mut r.messages);
                 if let Some(ws) = self.watchers.get_mut(r.id()) {
                     ws.retain(|w| !w.sink.is_closed());
-                    // One event per line; the last one carries the new status. A watcher gets
-                    // a snapshot at most every SNAPSHOT_EVERY, and only once it has taken
-                    // everything sent to it (so at most one waits in its queue); otherwise it
-                    // is owed one, sent by `send_owed_snapshots`. A snapshot of a rush that is
-                    // not running (paused, ended: a follower may be waiting for exactly that
-                    // one) always goes out at once.
+                    // One event per line; the last one carries the new status when
+                    // `snapshot_wait` allows; otherwise the watcher is owed one, sent by
+                    // `send_owed_snapshots`.
                     let n = msgs.len().max(1);
-                    let ended = r.state() != RushState::Running;
+                    let running = r.state() == RushState::Running;
                     // The view walks every task: made only when a snapshot goes out.
                     let mut view = None;
                     for w in ws.iter_mut() {
-                        let send = ended
-                            || (w.drained() && now.duration_since(w.sent_at) >= SNAPSHOT_EVERY);
+                        let send = w.snapshot_wait(running, now).is_none();
                         w.owed = !send;
                         if send {
                             w.sent_at = now;
@@ -578,11 +598,11 @@ impl Supervisor {
             let Some(r) = self.rushes.get(id) else {
                 continue;
             };
+            let running = r.state() == RushState::Running;
             let mut view = None;
             for w in ws.iter_mut().filter(|w| w.owed) {
-                let due = w.sent_at + SNAPSHOT_EVERY;
-                if now < due || !w.drained() {
-                    let at = due.max(now + SNAPSHOT_EVERY / 4);
+                if let Some(wait) = w.snapshot_wait(running, now) {
+                    let at = now + wait;
                     next = Some(next.map_or(at, |n| n.min(at)));
                     continue;
                 }

@@ -2373,3 +2373,27 @@ fn escalations_name_a_task_of_the_rush_and_cannot_flood_it() {
     );
     assert_eq!(h.r.escalations.len(), 10);
 }
+
+/// A `Watch` client's snapshots: at most every `SNAPSHOT_EVERY` while the rush runs, never
+/// onto a queue it has not taken, and for a rush that is no longer running as soon as the
+/// queue is taken (the end of a rush queued one whole snapshot per batch of events after it).
+#[test]
+fn watch_snapshots_wait_for_the_queue_and_the_interval() {
+    use super::{SNAPSHOT_EVERY, snapshot_wait};
+    let ms = Duration::from_millis;
+    // Running: the interval, then the queue.
+    assert_eq!(snapshot_wait(true, true, SNAPSHOT_EVERY), None);
+    assert_eq!(snapshot_wait(true, true, ms(150)), Some(ms(50)));
+    assert_eq!(
+        snapshot_wait(true, false, SNAPSHOT_EVERY),
+        Some(SNAPSHOT_EVERY / 4)
+    );
+    assert_eq!(snapshot_wait(true, false, ms(10)), Some(ms(190)));
+    // Not running: no interval, but the queue still.
+    assert_eq!(snapshot_wait(false, true, ms(0)), None);
+    assert_eq!(snapshot_wait(false, false, ms(0)), Some(SNAPSHOT_EVERY / 4));
+    assert_eq!(
+        snapshot_wait(false, false, ms(5000)),
+        Some(SNAPSHOT_EVERY / 4)
+    );
+}
