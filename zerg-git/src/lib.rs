@@ -113,6 +113,9 @@ impl std::fmt::Debug for Repo {
     }
 }
 
+/// The most commits a checkpoint may sit above its task's base.
+pub const MAX_CHECKPOINT_LINE: usize = 1000;
+
 impl Repo {
     /// Opens the repository or worktree at `dir` for zergd: the user's and the system's git
     /// config count, but no `GIT_*` variable of the process's own environment does (`GIT_DIR`,
@@ -274,6 +277,39 @@ impl Repo {
             ));
         }
         self.check_complete(base, commit)
+    }
+
+    /// Refuses a checkpoint that is not a line of commits on `base`: from `commit` back to
+    /// `base`, every commit must have exactly one parent, within [`MAX_CHECKPOINT_LINE`]
+    /// commits. A resumed lease is sent the checkpoint and its parent with their whole trees,
+    /// so a checkpoint that is a merge with an older commit (which a worker can name: the
+    /// base's parent is in the base's header) would pull history from outside the base
+    /// snapshot; a line on the base holds only trees the worker itself wrote.
+    pub fn check_checkpoint_line(&self, base: &str, commit: &str) -> Result<(), String> {
+        let base_id = self.oid(base).map_err(|e| e.to_string())?;
+        let mut at = self.oid(commit).map_err(|e| e.to_string())?;
+        for _ in 0..MAX_CHECKPOINT_LINE {
+            if at == base_id {
+                return Ok(());
+            }
+            let c = self
+                .repo
+                .find_commit(at)
+                .map_err(|e| format!("checkpoint {commit}: cannot read commit {at}: {e}"))?;
+            let parents: Vec<ObjectId> = c.parent_ids().map(|p| p.detach()).collect();
+            match parents.as_slice() {
+                [one] => at = *one,
+                _ => {
+                    return Err(format!(
+                        "checkpoint {commit} is not a line of commits on the task's base {base}: commit {at} has {} parents",
+                        parents.len()
+                    ));
+                }
+            }
+        }
+        Err(format!(
+            "checkpoint {commit} is more than {MAX_CHECKPOINT_LINE} commits from the task's base {base}"
+        ))
     }
 
     /// Refuses a commit whose tree is not all in the repository: every tree and blob it has

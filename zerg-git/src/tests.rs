@@ -645,3 +645,41 @@ fn a_commit_whose_objects_are_not_all_there_is_refused() {
         );
     }
 }
+
+/// The attack a checkpoint could carry: a merge whose first parent is the base's parent (its
+/// id is in the base's header) and whose tree is the base's. It descends from the base and
+/// changes nothing, so the task-commit check passes; the checkpoint check refuses it, while a
+/// line of the worker's own commits on the base is a checkpoint.
+#[test]
+fn a_checkpoint_must_be_a_line_of_commits_on_the_base() {
+    for format in FORMATS {
+        let (_d, r, first) = fixture(format);
+        write(&r, "secret.txt", "deleted later\n");
+        git(&r, &["add", "-A"]);
+        git(&r, &["commit", "-q", "-m", "secret"]);
+        git(&r, &["rm", "-q", "secret.txt"]);
+        git(&r, &["commit", "-q", "-m", "no secret"]);
+        let base = git(&r, &["rev-parse", "HEAD"]);
+        let older = git(&r, &["rev-parse", "HEAD^"]);
+        let repo = Repo::open(&r).unwrap();
+        let one = commit_on(&r, "w1", &base, "src/new.rs", "x\n");
+        let two = commit_on(&r, "w1", &one, "src/more.rs", "y\n");
+        assert_eq!(repo.check_checkpoint_line(&base, &one), Ok(()));
+        assert_eq!(repo.check_checkpoint_line(&base, &two), Ok(()));
+        assert_eq!(repo.check_checkpoint_line(&base, &base), Ok(()));
+        let tree = git(&r, &["rev-parse", &format!("{base}^{{tree}}")]);
+        let merge = git(
+            &r,
+            &["commit-tree", &tree, "-p", &older, "-p", &base, "-m", "wip"],
+        );
+        assert_eq!(
+            repo.check_task_commit(&base, &merge, ".gsd/specs/f"),
+            Ok(())
+        );
+        let e = repo.check_checkpoint_line(&base, &merge).unwrap_err();
+        assert!(e.contains("2 parents"), "{e}");
+        // A line that ends before the base (an older root) is refused too.
+        let e = repo.check_checkpoint_line(&two, &first).unwrap_err();
+        assert!(e.contains("0 parents"), "{e}");
+    }
+}
