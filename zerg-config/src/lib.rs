@@ -393,6 +393,14 @@ pub struct ContainerConfig {
     /// Largest log the engine keeps per worker container, and largest `worker-<N>.log` the
     /// mirror writes for one container.
     pub log_max_size: ByteSize,
+    /// The most artifacts a remote worker may push for one task attempt.
+    pub artifacts_max_files: u64,
+    /// The most artifact bytes zergd keeps for one task attempt.
+    pub artifacts_max_bytes: ByteSize,
+    /// The most artifacts a rush's remote workers may push in all.
+    pub rush_artifacts_max_files: u64,
+    /// The most artifact bytes zergd keeps for one rush in all.
+    pub rush_artifacts_max_bytes: ByteSize,
 }
 
 impl Default for ContainerConfig {
@@ -404,6 +412,10 @@ impl Default for ContainerConfig {
             max_object_size: ByteSize(MAX_OBJECT_BYTES as i64),
             max_pack_size: ByteSize(MAX_PACK_BYTES as i64),
             log_max_size: ByteSize(64 << 20),
+            artifacts_max_files: 64,
+            artifacts_max_bytes: ByteSize(256 << 20),
+            rush_artifacts_max_files: 100_000,
+            rush_artifacts_max_bytes: ByteSize(4 << 30),
         }
     }
 }
@@ -424,6 +436,14 @@ pub struct RemoteConfig {
     pub tls_key: String,
     /// The CA that signed `tls_cert` (PEM file), which workers trust.
     pub tls_ca: String,
+    /// Connections the TCP plane holds in all.
+    pub max_connections: u32,
+    /// Connections one peer address may hold on the TCP plane.
+    pub max_connections_per_peer: u32,
+    /// How long a new TCP connection has to finish its TLS handshake and make its first call
+    /// with a valid worker token; it is closed otherwise.
+    #[serde(with = "seconds")]
+    pub handshake_timeout: Duration,
 }
 
 impl Default for RemoteConfig {
@@ -434,6 +454,9 @@ impl Default for RemoteConfig {
             tls_cert: String::new(),
             tls_key: String::new(),
             tls_ca: String::new(),
+            max_connections: 1024,
+            max_connections_per_peer: 64,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -760,6 +783,7 @@ impl Config {
                 w.reconcile_interval_seconds,
             ),
             ("agent.timeout_seconds", self.agent.timeout_seconds),
+            ("remote.handshake_timeout", self.remote.handshake_timeout),
             (
                 "verification_tiers.timeout_seconds",
                 self.verification_tiers.timeout_seconds,
@@ -778,6 +802,28 @@ impl Config {
                 w.heartbeat_stale_threshold.as_secs_f64(),
                 w.heartbeat_interval_seconds.as_secs_f64()
             ));
+        }
+        for (key, v) in [
+            (
+                "remote.max_connections",
+                u64::from(self.remote.max_connections),
+            ),
+            (
+                "remote.max_connections_per_peer",
+                u64::from(self.remote.max_connections_per_peer),
+            ),
+            (
+                "container.artifacts_max_files",
+                self.container.artifacts_max_files,
+            ),
+            (
+                "container.rush_artifacts_max_files",
+                self.container.rush_artifacts_max_files,
+            ),
+        ] {
+            if v == 0 {
+                return Err(format!("{key}: must be at least 1"));
+            }
         }
         if self.agent.command.is_empty() || self.agent.command[0].trim().is_empty() {
             return Err("agent.command: must be a non-empty list, e.g. [claude, --print]".into());
