@@ -37,8 +37,8 @@ impl WorkerAuth {
 pub struct LeaseFiles {
     /// `.zerg/logs/tasks/<task>`: its task output.
     pub artifacts: std::path::PathBuf,
-    /// The most bytes kept of one artifact (`container.log_max_size`).
-    pub artifact_cap: u64,
+    /// How many artifacts, and how many bytes of them, are kept (`container.*`).
+    pub artifact_caps: crate::transfers::ArtifactCaps,
     /// The largest pack it may push (`container.max_pack_size`).
     pub max_pack: u64,
 }

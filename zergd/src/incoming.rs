@@ -1,18 +1,21 @@
-//! The worker plane's connections, bounded: a worker (one container, or one process) may hold
-//! a few connections, the plane a fixed number in all, and a connection that sends nothing for
-//! a while is closed. The accept loop backs off when the process runs out of descriptors
-//! instead of spinning, so a worker that floods its socket costs zergd a bounded number of
-//! descriptors and no CPU, and the control socket keeps answering.
+//! The worker planes' connections, bounded: a worker (one container, one process, or one
+//! address on the TCP plane) may hold a few connections, the plane a fixed number in all, and a
+//! connection that sends nothing for a while is closed; on the TCP plane, one that has not made
+//! a call with a valid worker token soon after it opened is closed too. The accept loop backs
+//! off when the process runs out of descriptors instead of spinning, so a peer that floods a
+//! plane costs zergd a bounded number of descriptors and no CPU, and the control socket keeps
+//! answering.
 
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
@@ -29,6 +32,10 @@ pub struct Limits {
     /// How long an open connection may send nothing (HTTP/2 keepalive pings, answered by every
     /// live client, reset it).
     pub idle: Duration,
+    /// When set, how long a new connection has to make a call that a valid worker token
+    /// vouched for ([`Seen::vouch`]); it is closed at that point otherwise, however much it
+    /// sends. The TCP plane sets it (`remote.handshake_timeout`).
+    pub first_call: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -38,7 +45,64 @@ impl Default for Limits {
             total: 512,
             handshake: Duration::from_secs(10),
             idle: Duration::from_secs(120),
+            first_call: None,
         }
+    }
+}
+
+impl Limits {
+    /// The TCP plane's limits: `remote.max_connections` in all, `remote.max_connections_per_peer`
+    /// per address, and `remote.handshake_timeout` for the TLS handshake and the first call.
+    pub fn tcp(cfg: &crate::config::RemoteConfig) -> Self {
+        Self {
+            per_peer: cfg.max_connections_per_peer.max(1) as usize,
+            total: cfg.max_connections.max(1) as usize,
+            handshake: cfg.handshake_timeout,
+            first_call: Some(cfg.handshake_timeout),
+            ..Self::default()
+        }
+    }
+}
+
+/// A listener whose connections [`bounded`] counts by peer.
+pub trait Listener: Send + 'static {
+    /// A connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and who is on its other end.
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Io, String)>> + Send;
+}
+
+/// A Unix plane: peers are told apart by cgroup (or process).
+pub struct UnixPeers {
+    listener: UnixListener,
+    own_cgroup: String,
+}
+
+impl UnixPeers {
+    /// Counts `listener`'s peers by cgroup.
+    pub fn new(listener: UnixListener) -> Self {
+        Self {
+            listener,
+            own_cgroup: cgroup_of("self").unwrap_or_default(),
+        }
+    }
+}
+
+impl Listener for UnixPeers {
+    type Io = UnixStream;
+    async fn accept(&mut self) -> io::Result<(UnixStream, String)> {
+        let (s, _) = self.listener.accept().await?;
+        let key = peer_key(&s, &self.own_cgroup);
+        Ok((s, key))
+    }
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+    async fn accept(&mut self) -> io::Result<(TcpStream, String)> {
+        let (s, addr) = TcpListener::accept(self).await?;
+        let _ = s.set_nodelay(true);
+        Ok((s, addr.ip().to_string()))
     }
 }
 
@@ -88,9 +152,11 @@ impl Drop for Slot {
 
 /// Accepts connections on `listener` within `limits`, as a stream for tonic's
 /// `serve_with_incoming`. The accept loop ends when the stream is dropped.
-pub fn bounded(listener: UnixListener, limits: Limits) -> ReceiverStream<io::Result<Guarded>> {
+pub fn bounded<L: Listener>(
+    mut listener: L,
+    limits: Limits,
+) -> ReceiverStream<io::Result<Guarded<L::Io>>> {
     let (tx, rx) = mpsc::channel(16);
-    let own = cgroup_of("self").unwrap_or_default();
     let counts = Arc::new(Mutex::new(Counts::default()));
     tokio::spawn(async move {
         let mut pause = Duration::from_millis(10);
@@ -99,10 +165,10 @@ pub fn bounded(listener: UnixListener, limits: Limits) -> ReceiverStream<io::Res
                 a = listener.accept() => a,
                 () = tx.closed() => return,
             };
-            let stream = match accepted {
-                Ok((s, _)) => {
+            let (stream, key) = match accepted {
+                Ok(a) => {
                     pause = Duration::from_millis(10);
-                    s
+                    a
                 }
                 Err(e) => {
                     // Out of descriptors (EMFILE, ENFILE) or memory: wait for some to be
@@ -116,7 +182,6 @@ pub fn bounded(listener: UnixListener, limits: Limits) -> ReceiverStream<io::Res
                     continue;
                 }
             };
-            let key = peer_key(&stream, &own);
             let slot = {
                 let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
                 let mine = c.by_peer.get(&key).copied().unwrap_or(0);
@@ -142,6 +207,10 @@ pub fn bounded(listener: UnixListener, limits: Limits) -> ReceiverStream<io::Res
                 _slot: slot,
                 deadline: Box::pin(tokio::time::sleep(limits.handshake)),
                 idle: limits.idle,
+                first_call_by: limits.first_call.map(|d| Instant::now() + d),
+                seen: Seen::default(),
+                handshake_by: Instant::now() + limits.handshake,
+                last_read: None,
             };
             if tx.send(Ok(g)).await.is_err() {
                 return;
@@ -151,21 +220,94 @@ pub fn bounded(listener: UnixListener, limits: Limits) -> ReceiverStream<io::Res
     ReceiverStream::new(rx)
 }
 
+/// The pace of heartbeats zergd handles from one connection, after a burst of [`BEAT_BURST`]
+/// (a worker agent sends one every `workers.heartbeat_interval_seconds`, at least 100 ms, and
+/// one more at each step change: a few at once, then few).
+pub const BEAT_GAP: Duration = Duration::from_millis(50);
+
+/// Heartbeats one connection may send at once before [`BEAT_GAP`] paces them.
+pub const BEAT_BURST: u32 = 16;
+
+/// What the service knows of a connection: whether it made a call that a valid worker token
+/// vouched for, and how many heartbeats it may still send at once. Every request carries it
+/// (as tonic's connect info).
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    vouched: Arc<AtomicBool>,
+    /// Heartbeats owed (negative: in hand) and when that was counted.
+    beats: Arc<Mutex<Option<(f64, Instant)>>>,
+}
+
+impl Seen {
+    /// The connection made a call with a valid token: from now on only the idle time applies.
+    pub fn vouch(&self) {
+        self.vouched.store(true, Ordering::Relaxed);
+    }
+
+    fn vouched(&self) -> bool {
+        self.vouched.load(Ordering::Relaxed)
+    }
+
+    /// When the connection's next heartbeat may be handled: at once while it has not sent more
+    /// than [`BEAT_BURST`] in a row, then one per [`BEAT_GAP`]. A worker that sends beats
+    /// faster, on however many streams of the connection, is slowed down (its streams are not
+    /// read meanwhile), and no connection's beats wait on another's.
+    pub fn beat_turn(&self) -> Instant {
+        let now = Instant::now();
+        let mut beats = self.beats.lock().unwrap_or_else(|e| e.into_inner());
+        // `owed` counts beats beyond the pace: each beat adds one, each BEAT_GAP takes one off.
+        let owed = beats.map_or(0.0, |(owed, at)| {
+            let paid = now.saturating_duration_since(at).as_secs_f64() / BEAT_GAP.as_secs_f64();
+            (owed - paid).max(0.0)
+        }) + 1.0;
+        *beats = Some((owed, now));
+        let over = owed - f64::from(BEAT_BURST);
+        if over > 0.0 {
+            now + BEAT_GAP.mul_f64(over)
+        } else {
+            now
+        }
+    }
+}
+
 /// A connection within the limits: it gives its place back when it closes, and fails its
-/// next read once it has sent nothing for the handshake or idle time.
-pub struct Guarded {
-    inner: UnixStream,
+/// next read once it has sent nothing for the handshake or idle time, or, where a first call
+/// is due, once that time passed without one.
+pub struct Guarded<S> {
+    inner: S,
     _slot: Slot,
     deadline: Pin<Box<Sleep>>,
     idle: Duration,
+    first_call_by: Option<Instant>,
+    seen: Seen,
+    /// When the first bytes are due.
+    handshake_by: Instant,
+    /// When bytes last came, if they did.
+    last_read: Option<Instant>,
 }
 
-impl tonic::transport::server::Connected for Guarded {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
+impl<S> Guarded<S> {
+    /// When the connection is due to be closed if it sends nothing more.
+    fn next_deadline(&self) -> Instant {
+        let Some(last_read) = self.last_read else {
+            return self.handshake_by;
+        };
+        let idle = last_read + self.idle;
+        match self.first_call_by {
+            Some(by) if !self.seen.vouched() => by.min(idle),
+            _ => idle,
+        }
+    }
 }
 
-impl AsyncRead for Guarded {
+impl<S: Unpin> tonic::transport::server::Connected for Guarded<S> {
+    type ConnectInfo = Seen;
+    fn connect_info(&self) -> Seen {
+        self.seen.clone()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -175,23 +317,37 @@ impl AsyncRead for Guarded {
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
-                    let next = Instant::now() + self.idle;
+                    self.last_read = Some(Instant::now());
+                    let next = self.next_deadline();
                     self.deadline.as_mut().reset(next);
                 }
                 Poll::Ready(r)
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "worker plane connection sent nothing for too long",
-                ))),
-                Poll::Pending => Poll::Pending,
+            Poll::Pending => loop {
+                match self.deadline.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(()) => {
+                        // The first call was vouched for after the deadline was set: the
+                        // idle time from the last read counts now.
+                        let next = self.next_deadline();
+                        if next > Instant::now() {
+                            self.deadline.as_mut().reset(next);
+                            continue;
+                        }
+                        let why = if self.first_call_by.is_some() && !self.seen.vouched() {
+                            "worker plane connection made no call with a valid token in time"
+                        } else {
+                            "worker plane connection sent nothing for too long"
+                        };
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)));
+                    }
+                }
             },
         }
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -238,8 +394,9 @@ mod tests {
             total: 100,
             handshake: Duration::from_millis(300),
             idle: Duration::from_secs(60),
+            first_call: None,
         };
-        let mut incoming = bounded(listener, limits);
+        let mut incoming = bounded(UnixPeers::new(listener), limits);
         let mut clients = Vec::new();
         for _ in 0..50 {
             clients.push(UnixStream::connect(&path).await.unwrap());
@@ -268,5 +425,88 @@ mod tests {
         drop(g);
         let _c = UnixStream::connect(&path).await.unwrap();
         assert!(incoming.next().await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connections_heartbeats_are_paced_after_a_burst() {
+        let (a, b) = (Seen::default(), Seen::default());
+        let now = Instant::now();
+        for _ in 0..BEAT_BURST {
+            assert_eq!(a.beat_turn(), now);
+        }
+        assert_eq!(a.clone().beat_turn(), now + BEAT_GAP);
+        assert_eq!(a.beat_turn(), now + BEAT_GAP * 2);
+        // Another connection has its own pace.
+        assert_eq!(b.beat_turn(), now);
+        // After a quiet while, beats are handled at once again.
+        tokio::time::advance(BEAT_GAP * (BEAT_BURST + 2)).await;
+        assert_eq!(a.beat_turn(), Instant::now());
+    }
+
+    /// On TCP, peers are counted by address; a connection that keeps sending but makes no call
+    /// a token vouched for is closed at the first-call time, one that did is kept.
+    #[tokio::test]
+    async fn tcp_peers_are_counted_by_address_and_must_make_a_vouched_call() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            per_peer: 3,
+            total: 100,
+            handshake: Duration::from_secs(5),
+            idle: Duration::from_secs(60),
+            first_call: Some(Duration::from_millis(400)),
+        };
+        let mut incoming = bounded(listener, limits);
+        let mut clients = Vec::new();
+        for _ in 0..10 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(incoming.next().await.unwrap().unwrap());
+        }
+        let mut closed = 0;
+        for c in clients.iter_mut().skip(3) {
+            let mut b = [0u8; 1];
+            if c.read(&mut b).await.unwrap_or(0) == 0 {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 7);
+        // Both talk all the time; only the first is vouched for.
+        let (mut vouched, mut chatty) = (held.pop().unwrap(), held.pop().unwrap());
+        tonic::transport::server::Connected::connect_info(&vouched).vouch();
+        async fn talk(c: &mut TcpStream) {
+            for _ in 0..20 {
+                let _ = c.write_all(b"x").await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        // Accepted in order: the second and third clients are `chatty` and `vouched`.
+        let (c0, c1) = clients.split_at_mut(2);
+        let reads = async {
+            let (mut b, mut b2) = ([0u8; 64], [0u8; 64]);
+            let mut chatty_err = None;
+            let mut vouched_ok = 0;
+            let end = Instant::now() + Duration::from_millis(900);
+            while Instant::now() < end {
+                tokio::select! {
+                    r = chatty.read(&mut b), if chatty_err.is_none() => {
+                        if let Err(e) = r { chatty_err = Some(e.kind()); }
+                    }
+                    r = vouched.read(&mut b2) => {
+                        r.unwrap();
+                        vouched_ok += 1;
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            (chatty_err, vouched_ok)
+        };
+        let ((chatty_err, vouched_ok), (), ()) =
+            tokio::join!(reads, talk(&mut c0[1]), talk(&mut c1[0]));
+        assert_eq!(chatty_err, Some(io::ErrorKind::TimedOut));
+        assert!(vouched_ok > 0);
     }
 }

@@ -28,6 +28,7 @@ pub mod remote;
 pub mod server;
 pub mod state;
 pub mod supervisor;
+pub mod transfers;
 pub mod wire;
 pub mod worker_plane;
 

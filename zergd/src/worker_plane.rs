@@ -17,6 +17,7 @@
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use tokio::net::UnixListener;
@@ -31,9 +32,11 @@ use crate::calls::{
     WorkerAuth,
 };
 use crate::error::SupervisorError;
+use crate::incoming::Seen;
 use crate::launcher::PLANE_SOCKET_NAME;
 use crate::launcher::token::{hash_token, hex};
 use crate::supervisor::{Event, Handle, PlaneServer, WorkerCmd};
+use crate::transfers::{Kind, Place, STREAM_IDLE, Transfers};
 use crate::wire::worker::lease_caller;
 
 /// Largest message a worker may send (a completion with many tier results is a few KiB).
@@ -56,9 +59,11 @@ pub fn auth_from_metadata(rush_id: &str, md: &MetadataMap) -> WorkerAuth {
 
 /// The worker planes of a zergd whose control socket is `control_socket`: each rush's socket in
 /// `w/` beside it, and the TCP plane of remote workers.
+/// Every plane shares one [`Transfers`]: the bounds on streams hold over all of them.
 #[derive(Debug, Clone)]
 pub struct Planes {
     control_socket: PathBuf,
+    transfers: Arc<Transfers>,
 }
 
 impl Planes {
@@ -66,22 +71,32 @@ impl Planes {
     pub fn beside(control_socket: &Path) -> Self {
         Self {
             control_socket: control_socket.to_path_buf(),
+            transfers: Transfers::new(
+                crate::transfers::MAX_STREAMS,
+                crate::transfers::pack_work_limit(),
+            ),
         }
     }
 }
 
 impl PlaneServer for Planes {
     fn serve(&self, rush_id: &str, handle: Handle) -> std::io::Result<tokio::task::JoinHandle<()>> {
-        serve(&self.control_socket, rush_id, handle)
+        serve(
+            &self.control_socket,
+            rush_id,
+            handle,
+            self.transfers.clone(),
+        )
     }
 
     fn serve_tcp(
         &self,
         listen: &str,
         tls: &crate::remote::PlaneTls,
+        limits: crate::incoming::Limits,
         handle: Handle,
     ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-        serve_tcp(listen, tls, handle)
+        serve_tcp(listen, tls, limits, handle, self.transfers.clone())
     }
 
     fn socket(&self, rush_id: &str) -> PathBuf {
@@ -89,6 +104,7 @@ impl PlaneServer for Planes {
     }
 
     fn remove(&self, rush_id: &str) {
+        self.transfers.forget(rush_id);
         let _ = std::fs::remove_dir_all(plane_dir(&self.control_socket, rush_id));
     }
 }
@@ -116,6 +132,7 @@ pub fn serve(
     control_socket: &Path,
     rush_id: &str,
     handle: Handle,
+    transfers: Arc<Transfers>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let dir = plane_dir(control_socket, rush_id);
     std::fs::DirBuilder::new()
@@ -141,6 +158,7 @@ pub fn serve(
     let svc = PlaneService {
         rush_id: Some(rush_id.to_string()),
         handle,
+        transfers,
     };
     let server = WorkerServer::new(svc)
         .max_decoding_message_size(MAX_WORKER_MESSAGE)
@@ -152,8 +170,12 @@ pub fn serve(
             // Pings keep a live client's connection from counting as idle.
             .http2_keepalive_interval(Some(limits.idle / 4))
             .http2_keepalive_timeout(Some(limits.idle / 4))
+            .max_concurrent_streams(Some(MAX_CALLS_PER_CONNECTION))
             .add_service(server)
-            .serve_with_incoming(crate::incoming::bounded(listener, limits))
+            .serve_with_incoming(crate::incoming::bounded(
+                crate::incoming::UnixPeers::new(listener),
+                limits,
+            ))
             .await;
         if let Err(e) = r {
             tracing::error!(rush = %rid, error = %e, "worker plane stopped");
@@ -166,10 +188,15 @@ const TCP_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Serves the `Worker` service of every remote rush on `listen` (TCP, `host:port`) over TLS
 /// with `tls` until the returned task is aborted. Calls are routed by the rush they name.
+/// Connections are bounded by `limits` before the TLS handshake ([`crate::incoming`]): per
+/// peer address and in all, with the handshake and the first call with a valid token due
+/// within `limits.handshake`.
 pub fn serve_tcp(
     listen: &str,
     tls: &crate::remote::PlaneTls,
+    limits: crate::incoming::Limits,
     handle: Handle,
+    transfers: Arc<Transfers>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     use tonic::transport::{Identity, ServerTlsConfig};
     let std_listener = std::net::TcpListener::bind(listen)?;
@@ -177,17 +204,23 @@ pub fn serve_tcp(
     let listener = tokio::net::TcpListener::from_std(std_listener)?;
     let identity = Identity::from_pem(&tls.cert_pem, &tls.key_pem);
     let mut builder = tonic::transport::Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(identity))
+        .tls_config(
+            ServerTlsConfig::new()
+                .identity(identity)
+                .timeout(limits.handshake),
+        )
         .map_err(std::io::Error::other)?
         .http2_keepalive_interval(Some(TCP_KEEPALIVE))
-        .http2_keepalive_timeout(Some(TCP_KEEPALIVE));
+        .http2_keepalive_timeout(Some(TCP_KEEPALIVE))
+        .max_concurrent_streams(Some(MAX_CALLS_PER_CONNECTION));
     let server = WorkerServer::new(PlaneService {
         rush_id: None,
         handle,
+        transfers,
     })
     .max_decoding_message_size(MAX_WORKER_MESSAGE)
     .max_encoding_message_size(16 * MAX_WORKER_MESSAGE);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = crate::incoming::bounded(listener, limits);
     let addr = listen.to_string();
     Ok(tokio::spawn(async move {
         if let Err(e) = builder
@@ -208,6 +241,43 @@ struct PlaneService {
     /// The rush whose socket this is; `None` on the TCP plane.
     rush_id: Option<String>,
     handle: Handle,
+    transfers: Arc<Transfers>,
+}
+
+/// The connection a request came on, so that a call the token checked out for can vouch for
+/// it ([`crate::incoming::Seen`]).
+fn seen<T>(req: &Request<T>) -> Option<Seen> {
+    req.extensions().get::<Seen>().cloned().or_else(|| {
+        req.extensions()
+            .get::<tonic::transport::server::TlsConnectInfo<Seen>>()
+            .map(|t| t.get_ref().clone())
+    })
+}
+
+fn vouch(seen: &Option<Seen>) {
+    if let Some(s) = seen {
+        s.vouch();
+    }
+}
+
+/// The next message of a worker's stream: ended by zergd when the worker sends nothing for
+/// [`STREAM_IDLE`], or when a newer stream of the same worker and kind replaced this one.
+async fn next_message<T>(
+    stream: &mut Streaming<T>,
+    place: &mut Place,
+) -> Result<Option<T>, Status> {
+    tokio::select! {
+        m = tokio::time::timeout(STREAM_IDLE, stream.message()) => match m {
+            Ok(m) => m,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "the worker sent nothing for {} s",
+                STREAM_IDLE.as_secs()
+            ))),
+        },
+        _ = &mut place.replaced => Err(Status::aborted(
+            "a newer stream of this worker replaced this one",
+        )),
+    }
 }
 
 impl PlaneService {
@@ -227,29 +297,38 @@ impl PlaneService {
         reply: impl FnOnce(R) -> W,
     ) -> Result<Response<W>, Status> {
         let md = req.metadata().clone();
+        let seen = seen(&req);
         let r = convert(req.into_inner())?;
-        self.handle
+        let out = self
+            .handle
             .ask(|tx| {
                 let cmd = make(r, tx);
                 Event::Worker(self.auth(&md, &cmd.caller().rush_id), cmd)
             })
             .await
             .map(|r| Response::new(reply(r)))
-            .map_err(Status::from)
+            .map_err(Status::from)?;
+        vouch(&seen);
+        Ok(out)
     }
 
     /// Where the lease's files go and how large a push may be: the caller must hold the lease.
+    /// A call that passes vouches for its connection.
     async fn lease_files(
         &self,
         md: &MetadataMap,
+        seen: &Option<Seen>,
         caller: Caller,
         lease: LeaseRef,
     ) -> Result<LeaseFiles, Status> {
         let auth = self.auth(md, &caller.rush_id);
-        self.handle
+        let files = self
+            .handle
             .ask(|tx| Event::Worker(auth, WorkerCmd::LeaseFiles(caller, lease, tx)))
             .await
-            .map_err(Status::from)
+            .map_err(Status::from)?;
+        vouch(seen);
+        Ok(files)
     }
 
     /// Refuses a push: the rush's events say why, and so does the answer.
@@ -272,17 +351,19 @@ impl PlaneService {
 }
 
 /// One artifact of a remote worker being written under `.zerg/logs/tasks/<task>/`: at most
-/// `cap` bytes are kept, then a line saying how much was sent.
+/// `cap` bytes are kept, then a line saying how much was sent and which cap (`cut_by`, a
+/// config key) stopped it.
 struct Artifact {
     file: std::fs::File,
     kept: u64,
     sent: u64,
     cap: u64,
+    cut_by: &'static str,
 }
 
 impl Artifact {
     /// Creates (or truncates) `dir/name`, never through a symlink.
-    fn create(dir: &Path, name: &str, cap: u64) -> std::io::Result<Artifact> {
+    fn create(dir: &Path, name: &str, cap: u64, cut_by: &'static str) -> std::io::Result<Artifact> {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::create_dir_all(dir)?;
         let file = std::fs::OpenOptions::new()
@@ -297,6 +378,7 @@ impl Artifact {
             kept: 0,
             sent: 0,
             cap,
+            cut_by,
         })
     }
 
@@ -315,13 +397,16 @@ impl Artifact {
         if self.sent > self.kept {
             writeln!(
                 self.file,
-                "\n[zerg: the worker sent {} bytes; the first {} are kept (container.log_max_size)]",
-                self.sent, self.kept
+                "\n[zerg: the worker sent {} bytes; the first {} are kept ({})]",
+                self.sent, self.kept, self.cut_by
             )?;
         }
         Ok(())
     }
 }
+
+/// Streams (calls) one connection may have open at once.
+const MAX_CALLS_PER_CONNECTION: u32 = 32;
 
 /// Bytes per message of a pack on the wire.
 const PACK_CHUNK: usize = 256 * 1024;
@@ -353,14 +438,21 @@ impl Worker for PlaneService {
         req: Request<Streaming<v1::HeartbeatRequest>>,
     ) -> Result<Response<v1::HeartbeatReply>, Status> {
         let md = req.metadata().clone();
+        let seen = seen(&req);
         let mut stream = req.into_inner();
         while let Some(msg) = stream.next().await {
             let beat = Beat::try_from(msg?)?;
+            // At most one beat per BEAT_GAP per connection: a worker cannot keep the
+            // supervisor busy with beats.
+            if let Some(s) = &seen {
+                tokio::time::sleep_until(s.beat_turn()).await;
+            }
             let a = self.auth(&md, &beat.caller.rush_id);
             self.handle
                 .ask(|tx| Event::Worker(a, WorkerCmd::Heartbeat(beat, tx)))
                 .await
                 .map_err(Status::from)?;
+            vouch(&seen);
         }
         Ok(Response::new(v1::HeartbeatReply {}))
     }
@@ -369,11 +461,20 @@ impl Worker for PlaneService {
         &self,
         req: Request<v1::CompleteRequest>,
     ) -> Result<Response<v1::Ack>, Status> {
+        // The commit is checked (a container's objects imported first) with git work that
+        // takes its turn like a pack's.
+        let _turn = self.transfers.pack_work().await;
         self.call(req, Completion::try_from, WorkerCmd::Complete, ack)
             .await
     }
 
     async fn fail(&self, req: Request<v1::FailRequest>) -> Result<Response<v1::Ack>, Status> {
+        // A checkpoint's commit is checked like a completion's.
+        let _turn = if req.get_ref().checkpoint_commit.is_empty() {
+            None
+        } else {
+            Some(self.transfers.pack_work().await)
+        };
         self.call(req, Failure::try_from, WorkerCmd::Fail, ack)
             .await
     }
@@ -388,53 +489,86 @@ impl Worker for PlaneService {
 
     type FetchBaseStream = tokio_stream::wrappers::ReceiverStream<Result<v1::PackChunk, Status>>;
 
+    /// Sends the lease's base as a pack. The caller's lease is checked first; then the stream
+    /// takes its place ([`Transfers::open`]), waits for a turn to build the pack, and feeds it
+    /// from an async task that gives up when the worker has read nothing for
+    /// [`STREAM_IDLE`] or opened a newer `FetchBase`.
     async fn fetch_base(
         &self,
         req: Request<v1::FetchBaseRequest>,
     ) -> Result<Response<Self::FetchBaseStream>, Status> {
         let md = req.metadata().clone();
+        let seen = seen(&req);
         let (caller, lease, haves) = crate::wire::worker::fetch_request(req.into_inner())?;
+        self.lease_files(&md, &seen, caller.clone(), lease.clone())
+            .await?;
+        let mut place = self
+            .transfers
+            .open(&caller.rush_id, caller.worker, Kind::Fetch)
+            .await?;
         let auth = self.auth(&md, &caller.rush_id);
+        let built = {
+            let _turn = tokio::select! {
+                t = self.transfers.pack_work() => t,
+                _ = &mut place.replaced => return Err(Status::aborted(
+                    "a newer FetchBase of this worker replaced this one",
+                )),
+            };
+            self.handle
+                .ask(|tx| Event::Worker(auth, WorkerCmd::FetchBase(caller, lease, haves, tx)))
+                .await
+                .map_err(Status::from)?
+        };
         let BasePack {
             file,
             shallow,
             sha256,
             size,
-        } = self
-            .handle
-            .ask(|tx| Event::Worker(auth, WorkerCmd::FetchBase(caller, lease, haves, tx)))
-            .await
-            .map_err(Status::from)?;
+        } = built;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::task::spawn_blocking(move || {
-            use std::io::{Read, Seek};
-            let mut file = file;
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncSeekExt};
+            let mut place = place;
+            let mut file = tokio::fs::File::from_std(file);
             let mut first = Some(v1::PackChunk {
                 object_format: if sha256 { "sha256" } else { "sha1" }.into(),
                 shallow,
                 pack_bytes: size,
                 data: Vec::new(),
             });
-            if let Err(e) = file.rewind() {
-                let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+            if let Err(e) = file.rewind().await {
+                let _ = tx.try_send(Err(Status::internal(e.to_string())));
                 return;
             }
             loop {
-                let mut buf = vec![0u8; PACK_CHUNK];
-                let n = match file.read(&mut buf) {
+                let mut buf = Vec::with_capacity(PACK_CHUNK);
+                let n = match (&mut file)
+                    .take(PACK_CHUNK as u64)
+                    .read_to_end(&mut buf)
+                    .await
+                {
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                        let _ = tx.try_send(Err(Status::internal(e.to_string())));
                         return;
                     }
                 };
                 if n == 0 && first.is_none() {
                     return;
                 }
-                buf.truncate(n);
                 let mut msg = first.take().unwrap_or_default();
                 msg.data = buf;
-                if tx.blocking_send(Ok(msg)).is_err() || n == 0 {
+                // A worker that reads nothing for a while, or that opened a newer FetchBase,
+                // loses this stream: it holds a task and a file, never a thread.
+                tokio::select! {
+                    sent = tx.send_timeout(Ok(msg), STREAM_IDLE) => {
+                        if sent.is_err() {
+                            return;
+                        }
+                    }
+                    _ = &mut place.replaced => return,
+                }
+                if n == 0 {
                     return;
                 }
             }
@@ -444,49 +578,87 @@ impl Worker for PlaneService {
         )))
     }
 
+    /// Keeps an artifact of the caller's lease under `.zerg/logs/tasks/<task>/`, within the
+    /// artifact caps ([`crate::transfers::ArtifactCaps`]); one over a cap is refused, with a
+    /// `push_refused` event naming the cap.
     async fn push_artifact(
         &self,
         req: Request<Streaming<v1::ArtifactChunk>>,
     ) -> Result<Response<v1::Ack>, Status> {
         let md = req.metadata().clone();
+        let seen = seen(&req);
         let mut stream = req.into_inner();
-        let mut first = stream
-            .message()
-            .await?
+        let mut first = tokio::time::timeout(STREAM_IDLE, stream.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no first message"))??
             .ok_or_else(|| Status::invalid_argument("an artifact needs a first message"))?;
         let (caller, lease, name) = crate::wire::worker::artifact_header(&mut first)?;
-        let files = self.lease_files(&md, caller, lease).await?;
-        let mut out = Artifact::create(&files.artifacts, &name, files.artifact_cap)
-            .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
-        let mut data = first.data;
-        loop {
-            out.write(&data)
-                .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
-            match stream.message().await? {
-                Some(m) => data = m.data,
-                None => break,
+        let files = self
+            .lease_files(&md, &seen, caller.clone(), lease.clone())
+            .await?;
+        let mut place = self
+            .transfers
+            .open(&caller.rush_id, caller.worker, Kind::Artifact)
+            .await?;
+        let (rush, lease_id) = (caller.rush_id.clone(), lease.lease_id.clone());
+        let reserved = match self
+            .transfers
+            .reserve_artifact(&rush, &lease_id, &files.artifact_caps)
+        {
+            Ok(r) => r,
+            Err(why) => {
+                let why = format!("artifact {name}: {why}");
+                let st = self.refuse_push(&md, caller, lease, why).await;
+                return Err(Status::resource_exhausted(st.message().to_string()));
             }
+        };
+        let cut_by = reserved.cut_by.unwrap_or("container.log_max_size");
+        let keep = |e: std::io::Error| Status::internal(format!("cannot keep {name}: {e}"));
+        let written = async {
+            let mut out =
+                Artifact::create(&files.artifacts, &name, reserved.bytes, cut_by).map_err(keep)?;
+            let mut data = first.data;
+            loop {
+                out.write(&data).map_err(keep)?;
+                match next_message(&mut stream, &mut place).await? {
+                    Some(m) => data = m.data,
+                    None => break,
+                }
+            }
+            let (kept, sent) = (out.kept, out.sent);
+            out.finish().map_err(keep)?;
+            Ok::<_, Status>((kept, sent))
         }
-        out.finish()
-            .map_err(|e| Status::internal(format!("cannot keep {name}: {e}")))?;
+        .await;
+        let kept = written.as_ref().map_or(0, |(k, _)| *k);
+        self.transfers
+            .unreserve(&rush, &lease_id, reserved.bytes.saturating_sub(kept));
+        let (kept, sent) = written?;
+        if sent > kept && reserved.cut_by.is_some() {
+            let why = format!("artifact {name}: {sent} bytes sent, {kept} kept ({cut_by})");
+            let _ = self.refuse_push(&md, caller, lease, why).await;
+        }
         Ok(Response::new(v1::Ack {}))
     }
 
+    /// Receives a pack of the caller's lease into a spool file, then has it indexed and
+    /// checked in quarantine (one pack at a time per worker, within the plane's bounds).
     async fn push_objects(
         &self,
         req: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushReply>, Status> {
         use std::io::{Seek, Write};
         let md = req.metadata().clone();
+        let seen = seen(&req);
         let mut stream = req.into_inner();
-        let first = stream
-            .message()
-            .await?
+        let first = tokio::time::timeout(STREAM_IDLE, stream.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no first message"))??
             .ok_or_else(|| Status::invalid_argument("a push needs a first message"))?;
         let head = crate::wire::worker::PushHeader::try_from(first)?;
         let (caller, lease) = (head.caller.clone(), head.lease.clone());
         let max = self
-            .lease_files(&md, caller.clone(), lease.clone())
+            .lease_files(&md, &seen, caller.clone(), lease.clone())
             .await?
             .max_pack;
         if head.size > max {
@@ -496,6 +668,10 @@ impl Worker for PlaneService {
             );
             return Err(self.refuse_push(&md, caller, lease, why).await);
         }
+        let mut place = self
+            .transfers
+            .open(&caller.rush_id, caller.worker, Kind::Push)
+            .await?;
         let mut file = tempfile::tempfile().map_err(|e| Status::internal(format!("spool: {e}")))?;
         let mut got = 0u64;
         let mut data = head.data;
@@ -507,7 +683,7 @@ impl Worker for PlaneService {
             }
             file.write_all(&data)
                 .map_err(|e| Status::internal(format!("spool: {e}")))?;
-            match stream.message().await? {
+            match next_message(&mut stream, &mut place).await? {
                 Some(m) => data = m.data,
                 None => break,
             }
@@ -520,11 +696,14 @@ impl Worker for PlaneService {
             .map_err(|e| Status::internal(format!("spool: {e}")))?;
         let auth = self.auth(&md, &caller.rush_id);
         let (c, l, commit) = (caller.clone(), lease.clone(), head.commit);
-        let done = self
-            .handle
-            .ask(|tx| Event::Worker(auth, WorkerCmd::PushObjects(c, l, commit, file, tx)))
-            .await
-            .map_err(Status::from)?;
+        let done = {
+            let _turn = self.transfers.pack_work().await;
+            self.handle
+                .ask(|tx| Event::Worker(auth, WorkerCmd::PushObjects(c, l, commit, file, tx)))
+                .await
+                .map_err(Status::from)?
+        };
+        drop(place);
         match done {
             Ok(objects) => Ok(Response::new(v1::PushReply { objects })),
             Err(why) => Err(self.refuse_push(&md, caller, lease, why).await),
@@ -562,7 +741,7 @@ mod tests {
     fn an_artifact_is_capped_and_never_written_through_a_symlink() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().join("tasks/T-1");
-        let mut a = Artifact::create(&d, "agent-output.txt", 10).unwrap();
+        let mut a = Artifact::create(&d, "agent-output.txt", 10, "container.log_max_size").unwrap();
         a.write(b"0123456789abcdef").unwrap();
         a.write(b"more").unwrap();
         a.finish().unwrap();
@@ -572,7 +751,7 @@ mod tests {
             "{text}"
         );
         std::os::unix::fs::symlink(dir.path().join("elsewhere"), d.join("planted")).unwrap();
-        assert!(Artifact::create(&d, "planted", 10).is_err());
+        assert!(Artifact::create(&d, "planted", 10, "container.log_max_size").is_err());
         assert!(!dir.path().join("elsewhere").exists());
         let bad = v1::ArtifactChunk {
             name: "../x".into(),

@@ -56,7 +56,12 @@ impl Supervisor {
         let task = self
             .settings
             .planes
-            .serve_tcp(&cfg.listen, &tls, self.handle())
+            .serve_tcp(
+                &cfg.listen,
+                &tls,
+                crate::incoming::Limits::tcp(cfg),
+                self.handle(),
+            )
             .map_err(|e| {
                 SupervisorError::failed_precondition(format!(
                     "cannot serve the TCP worker plane on {} (remote.listen): {e}",

@@ -279,11 +279,13 @@ impl Handle {
 pub trait PlaneServer: std::fmt::Debug + Send + Sync + 'static {
     /// Serves the Unix plane of one rush (its own socket, the `Worker` service only).
     fn serve(&self, rush_id: &str, handle: Handle) -> std::io::Result<tokio::task::JoinHandle<()>>;
-    /// Serves the TCP plane of remote workers on `listen`, with `tls`.
+    /// Serves the TCP plane of remote workers on `listen`, with `tls`, its connections within
+    /// `limits`.
     fn serve_tcp(
         &self,
         listen: &str,
         tls: &crate::remote::PlaneTls,
+        limits: crate::incoming::Limits,
         handle: Handle,
     ) -> std::io::Result<tokio::task::JoinHandle<()>>;
     /// The Unix socket of a rush's plane, as its workers are told.

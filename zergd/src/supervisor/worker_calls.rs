@@ -96,7 +96,7 @@ impl Supervisor {
                     .commit_check(&caller, &lease)
                     .map(|c| LeaseFiles {
                         artifacts: c.artifacts,
-                        artifact_cap: c.artifact_cap,
+                        artifact_caps: c.artifact_caps,
                         max_pack: c.pack_limits.max_pack,
                     });
                 let _ = reply.send(files);
@@ -200,6 +200,9 @@ pub(super) fn verify_commit(
         return Err(format!("cannot import the worker's git objects: {e}"));
     }
     git.check_task_commit(&check.base, commit, &check.protected)?;
+    if checkpoint && !check.base.is_empty() {
+        git.check_checkpoint_line(&check.base, commit)?;
+    }
     if checkpoint {
         let r = format!("refs/zerg/{}/wip/{}", check.feature, check.task);
         if let Err(e) = git.move_refs(&[(&r, commit, Expect::Any)], "zerg: checkpoint") {
@@ -223,6 +226,12 @@ pub(super) fn verify_commit(
 
 /// Builds the pack of what a worker lacks for `check`'s base (and the checkpoint it resumes
 /// from, with that checkpoint's parent, which applying it needs), in a temporary file.
+///
+/// A checkpoint was checked when it was reported to be a line of single-parent commits on the
+/// base of the lease that reported it (which is not this lease's base: another worker may
+/// resume it). Here it is sent only if it still has exactly one parent, so that the pack never
+/// holds the tree of a commit behind a base through a merge (one recorded by an older zergd);
+/// otherwise the task starts from its base.
 fn base_pack(check: &CommitCheck, haves: &[String]) -> Result<BasePack, String> {
     if check.base.is_empty() {
         return Err("the lease has no base commit to fetch".into());
@@ -230,13 +239,13 @@ fn base_pack(check: &CommitCheck, haves: &[String]) -> Result<BasePack, String> 
     let git = super::jobs::repo_handle(check.git.as_ref(), &check.repo)?;
     let mut wants = vec![check.base.clone()];
     if !check.resume_from.is_empty() {
-        wants.push(check.resume_from.clone());
-        wants.extend(
-            git.parents(&check.resume_from)
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .take(1),
-        );
+        let parents = git.parents(&check.resume_from).map_err(|e| e.to_string())?;
+        if let [parent] = parents.as_slice() {
+            wants.push(check.resume_from.clone());
+            wants.push(parent.clone());
+        } else {
+            tracing::warn!(task = %check.task, checkpoint = %check.resume_from, parents = parents.len(), "the checkpoint is not sent (it is not a commit with one parent); the task starts from its base");
+        }
     }
     let objects = git
         .snapshot_objects(&wants, haves)

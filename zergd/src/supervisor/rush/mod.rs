@@ -231,8 +231,8 @@ pub struct CommitCheck {
     pub pack_limits: crate::git::objects::ImportLimits,
     /// Where a remote worker's artifacts of the task go (`.zerg/logs/tasks/<task>`).
     pub artifacts: PathBuf,
-    /// The most bytes kept of one artifact (`container.log_max_size`).
-    pub artifact_cap: u64,
+    /// How many artifacts, and how many bytes of them, are kept (`container.*`).
+    pub artifact_caps: crate::transfers::ArtifactCaps,
 }
 
 /// Where a rush keeps its files.

@@ -499,7 +499,7 @@ impl Rush {
             resume_from: ts.resume_from.clone().unwrap_or_default(),
             pack_limits: crate::git::import_limits(&self.config.container),
             artifacts: self.paths.log_dir.join("tasks").join(task_id),
-            artifact_cap: self.config.container.log_max_size.0.max(0) as u64,
+            artifact_caps: crate::transfers::ArtifactCaps::of(&self.config.container),
         })
     }
 
