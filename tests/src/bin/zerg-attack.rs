@@ -19,6 +19,14 @@
 //!   packs for lease `L` of task `T`: corrupt bytes, a size over any cap, a commit off the base,
 //!   a commit that changes the spec, a good commit under another worker's lease `L2`, and one
 //!   without the token; prints whether each was refused and why.
+//! - `streams --task T --lease L --count N --conns C --seconds S`: from inside a remote
+//!   worker, opens `N` `FetchBase` streams for its own lease over `C` connections, reads none
+//!   of them, prints how many opened, and holds them for `S` seconds.
+//! - `artifacts --task T --lease L --count N --bytes B`: pushes `N` artifacts of `B` bytes
+//!   each for its own lease; prints how many were kept and the first refusal.
+//! - `checkpoint --task T --lease L`: pushes, then reports as its checkpoint, a merge commit
+//!   whose first parent is the base's parent (read from the base commit's header, though the
+//!   worker's snapshot does not hold it) and whose tree is the base's.
 //!
 //! Each prints one JSON line saying what it did.
 
@@ -192,7 +200,13 @@ fn main() -> std::process::ExitCode {
         Some("bomb") => bomb(&args),
         Some("spam") => spam(&args),
         Some("push") => push(&args),
-        _ => Err("usage: zerg-attack swap-file|swap-dir|link|flood|bomb|spam|push ...".into()),
+        Some("streams") => streams(&args),
+        Some("artifacts") => artifacts(&args),
+        Some("checkpoint") => checkpoint(&args),
+        _ => Err(
+            "usage: zerg-attack swap-file|swap-dir|link|flood|bomb|spam|push|streams|artifacts|checkpoint ..."
+                .into(),
+        ),
     };
     match r {
         Ok(v) => {
@@ -286,27 +300,75 @@ struct Case<'a> {
     with_token: bool,
 }
 
+/// What a remote worker knows of its plane: the URL, the CA to trust, its token and who it is.
+struct Plane {
+    url: String,
+    ca: String,
+    token: String,
+    me: zerg_proto::v1::WorkerRef,
+}
+
+impl Plane {
+    /// Read from the worker's environment, as the worker agent reads it.
+    fn from_env() -> Result<Plane, String> {
+        let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
+        let ca = std::fs::read_to_string(var("ZERG_PLANE_CA")?).map_err(|e| e.to_string())?;
+        let token = std::fs::read_to_string(var("ZERG_WORKER_TOKEN_FILE")?)
+            .map_err(|e| e.to_string())?
+            .trim()
+            .to_string();
+        Ok(Plane {
+            url: var("ZERG_PLANE_URL")?,
+            ca,
+            token,
+            me: zerg_proto::v1::WorkerRef {
+                rush_id: var("ZERG_RUSH_ID")?,
+                worker_id: var("ZERG_WORKER_ID")?
+                    .parse()
+                    .map_err(|_| "ZERG_WORKER_ID")?,
+                generation: var("ZERG_GENERATION")?
+                    .parse()
+                    .map_err(|_| "ZERG_GENERATION")?,
+            },
+        })
+    }
+
+    /// One new connection (HTTP/2 over TLS) to the plane.
+    async fn connect(&self) -> Result<tonic::transport::Channel, String> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+        Endpoint::from_shared(self.url.clone())
+            .map_err(|e| e.to_string())?
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca)))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("{}: {e}", self.url))
+    }
+
+    /// `msg` with the worker's token.
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Ok(v) = format!("Bearer {}", self.token).parse() {
+            req.metadata_mut().insert("authorization", v);
+        }
+        req
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 fn push(args: &[String]) -> Result<serde_json::Value, String> {
     use zerg_proto::v1;
-    let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set"));
-    let (url, ca) = (var("ZERG_PLANE_URL")?, var("ZERG_PLANE_CA")?);
-    let ca = std::fs::read_to_string(ca).map_err(|e| e.to_string())?;
-    let token = std::fs::read_to_string(var("ZERG_WORKER_TOKEN_FILE")?)
-        .map_err(|e| e.to_string())?
-        .trim()
-        .to_string();
-    let me = v1::WorkerRef {
-        rush_id: var("ZERG_RUSH_ID")?,
-        worker_id: var("ZERG_WORKER_ID")?
-            .parse()
-            .map_err(|_| "ZERG_WORKER_ID")?,
-        generation: var("ZERG_GENERATION")?
-            .parse()
-            .map_err(|_| "ZERG_GENERATION")?,
-    };
+    let plane = Plane::from_env()?;
+    let (token, me) = (plane.token.clone(), plane.me.clone());
     let (task, lease) = (arg(args, "--task")?, arg(args, "--lease")?);
     let (other_task, other_lease) = (arg(args, "--other-task")?, arg(args, "--other-lease")?);
-    let feature = var("ZERG_FEATURE")?;
+    let feature = std::env::var("ZERG_FEATURE").map_err(|_| "ZERG_FEATURE is not set")?;
     // The packs, made with the worker's own git from the base it checked out.
     let spec_commit = commit_changing(&format!(".gsd/specs/{feature}/task-graph.json"), "{}\n")?;
     let good_commit = commit_changing("attack.txt", "a file of its own\n")?;
@@ -371,19 +433,8 @@ fn push(args: &[String]) -> Result<serde_json::Value, String> {
             false,
         ),
     ];
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
-        let ch = Endpoint::from_shared(url.clone())
-            .map_err(|e| e.to_string())?
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca)))
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
+    runtime()?.block_on(async move {
+        let ch = plane.connect().await?;
         let mut out = serde_json::Map::new();
         for c in cases {
             let first = v1::PushChunk {
@@ -411,5 +462,172 @@ fn push(args: &[String]) -> Result<serde_json::Value, String> {
             );
         }
         Ok::<_, String>(json!({"attack": "push", "results": out}))
+    })
+}
+
+fn refusal(s: &tonic::Status) -> serde_json::Value {
+    json!({"code": format!("{:?}", s.code()), "message": s.message()})
+}
+
+fn streams(args: &[String]) -> Result<serde_json::Value, String> {
+    use zerg_proto::v1;
+    let plane = Plane::from_env()?;
+    let (task, lease) = (arg(args, "--task")?, arg(args, "--lease")?);
+    let (count, conns) = (num(args, "--count")?, num(args, "--conns")?.max(1));
+    let secs = num(args, "--seconds")?;
+    runtime()?.block_on(async move {
+        let mut chans = Vec::new();
+        for _ in 0..conns {
+            chans.push(plane.connect().await?);
+        }
+        let plane = std::sync::Arc::new(plane);
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..count {
+            let ch = chans[i as usize % chans.len()].clone();
+            let req = v1::FetchBaseRequest {
+                worker: Some(plane.me.clone()),
+                lease_id: lease.clone(),
+                task_id: task.clone(),
+                haves: vec![],
+            };
+            let plane = plane.clone();
+            calls.spawn(async move {
+                let mut c = v1::worker_client::WorkerClient::new(ch);
+                tokio::time::timeout(Duration::from_secs(30), c.fetch_base(plane.req(req))).await
+            });
+        }
+        let (mut opened, mut refused, mut timed_out, mut first_refusal) = (0u64, 0u64, 0u64, None);
+        // The streams are kept, and never read.
+        let mut held = Vec::new();
+        while let Some(r) = calls.join_next().await {
+            match r {
+                Ok(Ok(Ok(s))) => {
+                    opened += 1;
+                    held.push(s);
+                }
+                Ok(Ok(Err(s))) => {
+                    refused += 1;
+                    first_refusal.get_or_insert_with(|| refusal(&s));
+                }
+                _ => timed_out += 1,
+            }
+        }
+        let report = json!({"attack": "streams", "opened": opened, "refused": refused,
+            "timed_out": timed_out, "first_refusal": first_refusal, "holding": true});
+        println!("{report}");
+        let _ = std::io::stdout().flush();
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        drop(held);
+        Ok(json!({"attack": "streams", "opened": opened}))
+    })
+}
+
+fn artifacts(args: &[String]) -> Result<serde_json::Value, String> {
+    use zerg_proto::v1;
+    let plane = Plane::from_env()?;
+    let (task, lease) = (arg(args, "--task")?, arg(args, "--lease")?);
+    let (count, bytes) = (num(args, "--count")?, num(args, "--bytes")? as usize);
+    runtime()?.block_on(async move {
+        let ch = plane.connect().await?;
+        let (mut kept, mut refused, mut first_refusal) = (0u64, 0u64, None);
+        let chunk = vec![b'a'; 256 << 10];
+        for i in 0..count {
+            let mut msgs = Vec::new();
+            let mut left = bytes;
+            while left > 0 || msgs.is_empty() {
+                let n = left.min(chunk.len());
+                msgs.push(v1::ArtifactChunk {
+                    data: chunk[..n].to_vec(),
+                    ..Default::default()
+                });
+                left -= n;
+            }
+            msgs[0].worker = Some(plane.me.clone());
+            msgs[0].lease_id = lease.clone();
+            msgs[0].task_id = task.clone();
+            msgs[0].name = format!("attack-{i}.bin");
+            let mut c = v1::worker_client::WorkerClient::new(ch.clone());
+            match c.push_artifact(plane.req(tokio_stream::iter(msgs))).await {
+                Ok(_) => kept += 1,
+                Err(s) => {
+                    refused += 1;
+                    first_refusal.get_or_insert_with(|| refusal(&s));
+                }
+            }
+        }
+        Ok(
+            json!({"attack": "artifacts", "accepted": kept, "refused": refused,
+            "first_refusal": first_refusal}),
+        )
+    })
+}
+
+fn checkpoint(args: &[String]) -> Result<serde_json::Value, String> {
+    use zerg_proto::v1;
+    let plane = Plane::from_env()?;
+    let (task, lease) = (arg(args, "--task")?, arg(args, "--lease")?);
+    let base = wgit_str(&["rev-parse", "HEAD"], &[], b"")?;
+    let header = wgit_str(&["cat-file", "commit", &base], &[], b"")?;
+    let older = header
+        .lines()
+        .find_map(|l| l.strip_prefix("parent "))
+        .ok_or("the base has no parent to reach for")?
+        .to_string();
+    let tree = wgit_str(&["rev-parse", &format!("{base}^{{tree}}")], &[], b"")?;
+    // The worker's snapshot lacks `older`, so the commit is written as raw bytes.
+    let body = format!(
+        "tree {tree}\nparent {older}\nparent {base}\nauthor a <a@x> 0 +0000\ncommitter a <a@x> 0 +0000\n\nWIP: ZERG checkpoint\n"
+    );
+    let merge = wgit_str(
+        &[
+            "hash-object",
+            "-t",
+            "commit",
+            "-w",
+            "--literally",
+            "--stdin",
+        ],
+        &[],
+        body.as_bytes(),
+    )?;
+    let pack = wgit(
+        &["pack-objects", "--stdout", "-q"],
+        &[],
+        format!("{merge}\n").as_bytes(),
+    )?;
+    runtime()?.block_on(async move {
+        let ch = plane.connect().await?;
+        let mut c = v1::worker_client::WorkerClient::new(ch);
+        let push = v1::PushChunk {
+            worker: Some(plane.me.clone()),
+            lease_id: lease.clone(),
+            task_id: task.clone(),
+            commit: merge.clone(),
+            pack_bytes: pack.len() as u64,
+            data: pack,
+        };
+        let pushed = c
+            .push_objects(plane.req(tokio_stream::iter(vec![push])))
+            .await
+            .map(|_| json!({"refused": false}))
+            .unwrap_or_else(|s| refusal(&s));
+        let fail = v1::FailRequest {
+            worker: Some(plane.me.clone()),
+            lease_id: lease,
+            task_id: task,
+            kind: v1::FailKind::Checkpoint as i32,
+            message: "checkpoint at 50%".into(),
+            checkpoint_commit: merge.clone(),
+            ..Default::default()
+        };
+        let reported = c
+            .fail(plane.req(fail))
+            .await
+            .map(|_| json!({"refused": false}))
+            .unwrap_or_else(|s| refusal(&s));
+        Ok(
+            json!({"attack": "checkpoint", "commit": merge, "older": older,
+            "pushed": pushed, "reported": reported}),
+        )
     })
 }

@@ -156,26 +156,25 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     git(&repo.path, &["fsck", "--no-progress"]);
 }
 
-#[test]
-fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
-    let Some(_swarm) = swarm() else {
-        return;
-    };
-    let repo = TestRepo::new();
-    repo.write_graph("hp", &graph_12("hp"));
-    repo.configure(&swarm_cfg(free_port()));
-    // Two tasks hold their leases long enough for the attack.
-    let hold = json!([{"op": "tick", "count": 300, "interval_ms": 100}, {"op": "write_owned"}]);
+/// Starts a two-worker swarm rush of `feature` whose tasks G-L1-001 and G-L1-002 hold their
+/// leases for `hold_ticks` tenths of a second, waits until both are in their agent CLI, and
+/// returns the status then and the container of G-L1-001's worker.
+fn start_two_holding(
+    d: &Daemon,
+    repo: &TestRepo,
+    feature: &str,
+    hold_ticks: u32,
+) -> (serde_json::Value, String) {
+    let hold =
+        json!([{"op": "tick", "count": hold_ticks, "interval_ms": 100}, {"op": "write_owned"}]);
     repo.write_script(
-        "hp",
+        feature,
         &json!({"tasks": {"G-L1-001": hold.clone(), "G-L1-002": hold}}),
     );
-    let ctx = cdaemon();
-    let d = &ctx.d;
-    start_detached_in(d, &repo, "hp", 2, "swarm");
+    start_detached_in(d, repo, feature, 2, "swarm");
     let st = d.wait_for(
         &repo.path,
-        "hp",
+        feature,
         T,
         "both long tasks in their agent CLI, the first one's service recorded",
         |s| {
@@ -189,11 +188,26 @@ fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
                 })
         },
     );
-    let rush_id = st["rush_id"].as_str().unwrap().to_string();
     let service = running_worker(&st, "G-L1-001")
         .and_then(|w| w.container_id)
         .unwrap();
     let container = container_of_service(&service).expect("the worker's container runs");
+    (st, container)
+}
+
+#[test]
+fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let repo = TestRepo::new();
+    repo.write_graph("hp", &graph_12("hp"));
+    repo.configure(&swarm_cfg(free_port()));
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    // Two tasks hold their leases long enough for the attack.
+    let (st, container) = start_two_holding(d, &repo, "hp", 300);
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
     let out = docker(&[
         "exec",
         &container,
@@ -249,6 +263,210 @@ fn hostile_packs_from_inside_a_swarm_worker_are_refused_with_the_reason() {
         "{log}"
     );
     wait_nothing_left(&rush_id);
+}
+
+/// zergd's thread count.
+fn threads(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Runs `zerg-attack` in `container` and returns its JSON report.
+fn attack_in(container: &str, args: &[&str]) -> serde_json::Value {
+    let mut cmd = vec!["exec", container, "/usr/local/bin/zerg-attack"];
+    cmd.extend_from_slice(args);
+    let out = std::process::Command::new("docker")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "zerg-attack {args:?}: {e}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The plane against a hostile worker (with its own token, from inside its container) and a
+/// network peer with none:
+/// 1. 3,000 plain TCP connections that never start TLS: zergd holds a bounded number of
+///    descriptors, answers `status`, and closes every one of them after
+///    `remote.handshake_timeout`;
+/// 2. 600 `FetchBase` streams of the worker's own lease over 8 connections, never read:
+///    zergd's thread count stays small, `status` answers, and the other worker is not
+///    declared stale;
+/// 3. 300 artifacts of 1 MiB: kept up to `container.artifacts_max_bytes`, the rest refused
+///    with an event naming the key;
+/// 4. a checkpoint that is a merge with the base's parent (which would have shipped the
+///    history behind the base, with a file the user deleted, to the resumed worker): refused.
+#[test]
+fn a_hostile_swarm_worker_and_a_tokenless_peer_cannot_stall_zergd_or_reach_past_the_snapshot() {
+    use std::io::{BufRead, BufReader, Read};
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    // 3,000 connections of this process's own.
+    zergd::incoming::raise_fd_limit();
+    let repo = TestRepo::new();
+    // A secret the user deleted: it is only in the history behind the base.
+    std::fs::write(repo.path.join("secret.txt"), "the deleted secret\n").unwrap();
+    git(&repo.path, &["add", "secret.txt"]);
+    git(&repo.path, &["commit", "-q", "-m", "secret"]);
+    git(&repo.path, &["rm", "-q", "secret.txt"]);
+    git(&repo.path, &["commit", "-q", "-m", "no secret"]);
+    repo.write_graph("hw", &graph_12("hw"));
+    let port = free_port();
+    repo.configure(
+        &swarm_cfg(port)
+            .set("remote.handshake_timeout", 3)
+            .set("container.artifacts_max_bytes", "8m"),
+    );
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let (_, attacker) = start_two_holding(d, &repo, "hw", 450);
+    let pid = d.pid();
+    let status_answers = |when: &str| {
+        let out = d.ctl_in(&repo.path, &["status", "hw", "--json"]);
+        assert!(
+            out.status.success(),
+            "status did not answer {when}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // 1. A peer with no token floods the TCP plane and never says hello.
+    let fds_before = open_fds(pid);
+    let mut flood = Vec::new();
+    for _ in 0..3000 {
+        if let Ok(c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            flood.push(c);
+        }
+    }
+    assert!(
+        flood.len() > 2000,
+        "only {} connections opened",
+        flood.len()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let fds = open_fds(pid);
+    assert!(
+        fds < fds_before + 200,
+        "zergd holds {fds} descriptors under the flood ({fds_before} before)"
+    );
+    status_answers("under the connection flood");
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let still_open = flood
+        .iter()
+        .filter(|c| {
+            let mut c: &std::net::TcpStream = c;
+            c.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+                .unwrap();
+            let mut b = [0u8; 1];
+            matches!(c.read(&mut b), Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+        })
+        .count();
+    assert_eq!(still_open, 0, "connections that never spoke are still open");
+    drop(flood);
+
+    // 2. Unread FetchBase streams of the worker's own lease.
+    let mut streams = std::process::Command::new("docker")
+        .args(["exec", &attacker, "/usr/local/bin/zerg-attack", "streams"])
+        .args(["--task", "G-L1-001", "--lease", "G-L1-001#1"])
+        .args(["--count", "600", "--conns", "8", "--seconds", "15"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(streams.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert_eq!(report["holding"], true, "{report}");
+    let t = threads(pid);
+    assert!(
+        t < 64,
+        "zergd runs {t} threads under unread streams: {report}"
+    );
+    status_answers("under unread FetchBase streams");
+    let _ = streams.wait();
+
+    // 3. An artifact flood.
+    let arts = attack_in(
+        &attacker,
+        &[
+            "artifacts",
+            "--task",
+            "G-L1-001",
+            "--lease",
+            "G-L1-001#1",
+            "--count",
+            "300",
+            "--bytes",
+            "1048576",
+        ],
+    );
+    assert_eq!(arts["accepted"], 8, "{arts}");
+    assert!(
+        arts["first_refusal"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("container.artifacts_max_bytes")),
+        "{arts}"
+    );
+    let dir = repo.path.join(".zerg/logs/tasks/G-L1-001");
+    let (files, bytes) = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .fold((0, 0), |(n, b), e| (n + 1, b + e.metadata().unwrap().len()));
+    assert!(
+        files <= 10 && bytes <= (8 << 20) + 4096,
+        "{files} files, {bytes} bytes kept in {}",
+        dir.display()
+    );
+
+    // 4. A checkpoint that reaches behind the base.
+    let cp = attack_in(
+        &attacker,
+        &["checkpoint", "--task", "G-L1-001", "--lease", "G-L1-001#1"],
+    );
+    assert_eq!(cp["pushed"]["refused"], false, "{cp}");
+    let merge = cp["commit"].as_str().unwrap().to_string();
+    assert!(
+        poll(T, || d.log().contains("not a line of commits")),
+        "the checkpoint was not refused: {cp}\n{}",
+        d.log()
+    );
+    let wip = git(&repo.path, &["for-each-ref", "refs/zerg/hw/wip/"]);
+    assert!(!wip.contains(&merge), "the checkpoint was kept: {wip}");
+
+    let st = d.wait_end(&repo.path, "hw", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert_eq!(repo.task_ids_on("zerg/hw/staging"), graph_12_ids());
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(
+        !log.contains("is stale: no heartbeat"),
+        "a worker was declared stale during the attack: {log}"
+    );
+    assert!(log.contains("container.artifacts_max_bytes"), "{log}");
+    assert!(
+        !repo
+            .files_on("zerg/hw/staging")
+            .iter()
+            .any(|f| f == "secret.txt"),
+        "the deleted secret is back on staging"
+    );
+    wait_nothing_left(st["rush_id"].as_str().unwrap());
 }
 
 /// A rush on a real Kubernetes cluster. It runs only when `ZERG_TEST_KUBECONFIG` names a
