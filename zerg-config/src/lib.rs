@@ -40,6 +40,8 @@ pub struct Config {
     pub verification_tiers: VerificationTiers,
     /// Gates run on staging after every level merge.
     pub quality_gates: Vec<QualityGate>,
+    /// Where the gates run.
+    pub gates: GatesConfig,
     /// Container mode settings (swarm and kubernetes modes use its image, network and pack
     /// limits too).
     pub container: ContainerConfig,
@@ -376,6 +378,27 @@ pub struct QualityGate {
 
 fn default_gate_timeout() -> Duration {
     Duration::from_secs_f64(300.0)
+}
+
+/// `gates:` section: where `quality_gates` run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GatesConfig {
+    /// In container, swarm and kubernetes rushes: `worker-image` (a fresh container of the
+    /// rush's image) or `host` (zergd's machine, as zergd's user). Subprocess rushes always run
+    /// them on the host.
+    pub run_on: GatesRunOn,
+}
+
+/// Where a container rush's quality gates run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatesRunOn {
+    /// A fresh container of the rush's image, with the workers' limits.
+    #[default]
+    WorkerImage,
+    /// zergd's machine, as zergd's user.
+    Host,
 }
 
 /// `container:` section.
