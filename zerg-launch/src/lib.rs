@@ -15,6 +15,7 @@
 
 pub mod container;
 pub mod engine;
+pub mod gate;
 pub mod kubernetes;
 pub mod subprocess;
 pub mod swarm;
