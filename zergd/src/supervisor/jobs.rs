@@ -116,6 +116,14 @@ pub fn prepare_fresh(
             who.name, who.email
         ));
     }
+    if mode != Mode::Subprocess
+        && config.gates.run_on == crate::config::GatesRunOn::Host
+        && !config.quality_gates.is_empty()
+    {
+        warnings.push(
+            "gates.run_on: host: the quality gates run the code the workers wrote on this machine, as zergd's user, outside any container; a worker that commits a test, a build script or a conftest.py gets to run it here at the next level merge. Remove the setting to run them in the worker image".into(),
+        );
+    }
     let graph_warnings = validated.warnings.len();
     warnings.extend(
         validated
@@ -569,13 +577,16 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         }
         Err(e) => return MergeResult::Error(e.to_string()),
     };
-    for g in gates {
+    for (i, g) in gates.iter().enumerate() {
         let log = job.log_dir.join(format!(
             "gate-{}-level-{}.log",
             sanitize(&g.name),
             job.level
         ));
-        let (ok, output) = run_shell(&g.command, staging, g.timeout, Some(&log));
+        let (ok, output) = match &job.gate_image {
+            Some(image) => run_gate_in_image(image, g, i, job, &log),
+            None => run_shell(&g.command, staging, g.timeout, Some(&log)),
+        };
         if !ok && g.required {
             return MergeResult::GateFailed {
                 gate: g.name.clone(),
@@ -763,6 +774,48 @@ fn collect(sink: &OutputSink) -> String {
     let (tail, _) = &*g;
     let bytes: Vec<u8> = tail.iter().copied().collect();
     String::from_utf8_lossy(&bytes).to_string()
+}
+
+/// Runs gate `g` (the `index`th of `job`'s level) in a fresh container of the rush's image
+/// (`gates.run_on: worker-image`), from a blocking job: the container is removed however the
+/// gate ends, the rush's stop included. An engine that cannot be reached fails the gate,
+/// saying why.
+fn run_gate_in_image(
+    image: &zerg_launch::gate::GateContainer,
+    g: &QualityGate,
+    index: usize,
+    job: &MergeJob,
+    log: &Path,
+) -> (bool, String) {
+    let level = job.level;
+    let mut stop = job.gates_stop.clone();
+    let mut c = image.clone();
+    let rush: String = c
+        .rush_id
+        .chars()
+        .filter(|ch| ch.is_ascii_alphanumeric())
+        .take(24)
+        .collect();
+    c.name = format!("zerg-gate-{rush}-l{level}-{index}");
+    c.command = g.command.clone();
+    c.timeout = g.timeout;
+    let run = async {
+        let docker = zerg_launch::engine::connect_engine()
+            .await
+            .map_err(|e| format!("gates.run_on: worker-image needs the Docker engine: {e}"))?;
+        let stopped = async move {
+            // The rush stopped (or its state is gone): the gate ends with it.
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        zerg_launch::gate::run(&docker, &c, log, stopped).await
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => match h.block_on(run) {
+            Ok(o) => (o.ok, o.output),
+            Err(e) => (false, e),
+        },
+        Err(_) => (false, "no runtime to run the gate's container in".into()),
+    }
 }
 
 /// A gate name usable in a file name.

@@ -12,6 +12,7 @@ impl Supervisor {
         let reg = Registry::load(&self.settings.registry_path);
         let now = self.clock.now();
         let wall = self.clock.wall();
+        sweep_gates(reg.rushes.iter().map(|e| e.rush_id.clone()).collect()).await;
         for e in reg.rushes {
             if e.state.is_terminal() && !e.summary.is_empty() {
                 // Ended while zergd ran: listed from its entry, loaded when a command asks.
@@ -104,5 +105,33 @@ impl Supervisor {
             }
         }
         self.pending.push((rid, fx));
+    }
+}
+
+/// Removes the gate containers a killed zergd left for `rushes` (nothing when no engine
+/// answers), before any of them resumes: a merge it starts again must not lose its new gate
+/// container to the sweep.
+async fn sweep_gates(rushes: Vec<String>) {
+    if rushes.is_empty() {
+        return;
+    }
+    let sweep = async {
+        let Ok(docker) = zerg_launch::engine::connect_engine().await else {
+            return;
+        };
+        for rid in rushes {
+            let n = zerg_launch::gate::sweep(&docker, &rid).await;
+            if n > 0 {
+                tracing::info!(rush = %rid, containers = n, "removed gate containers a previous zergd left");
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), sweep)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "the Docker engine did not answer in 30 s; gate containers a previous zergd left may remain"
+        );
     }
 }

@@ -68,7 +68,45 @@ impl Rush {
                 )
             }),
             git: self.git(),
+            gate_image: self.gate_image(),
+            gates_stop: {
+                self.gates_stop.send_replace(false);
+                self.gates_stop.subscribe()
+            },
         });
+    }
+
+    /// The container a gate of this rush runs in, unless the gates run on the host (a
+    /// subprocess rush, or `gates.run_on: host`).
+    fn gate_image(&self) -> Option<zerg_launch::gate::GateContainer> {
+        let mode = self.doc.rush.mode;
+        if mode == Mode::Subprocess || self.config.gates.run_on == GatesRunOn::Host {
+            return None;
+        }
+        let c = &self.config.container;
+        let res = &self.config.resources;
+        // The network the rush's workers get: a swarm service with none gets the host's.
+        let net = c.network.trim();
+        let network = if mode == Mode::Swarm && (net.is_empty() || net == "none") {
+            "host".to_string()
+        } else {
+            net.to_string()
+        };
+        let (uid, gid, _) = zerg_launch::container::container_identity();
+        Some(zerg_launch::gate::GateContainer {
+            image: c.image.clone(),
+            network,
+            memory_bytes: res.container_memory_limit.0,
+            cpus: res.container_cpu_limit,
+            pids_limit: res.container_pids_limit,
+            user: format!("{uid}:{gid}"),
+            staging: self.paths.staging_worktree(),
+            rush_id: self.id().to_string(),
+            name: String::new(),
+            command: String::new(),
+            timeout: std::time::Duration::ZERO,
+            output_cap: c.log_max_size.0.max(0) as u64,
+        })
     }
 
     /// A merge job finished.
@@ -356,6 +394,8 @@ impl Rush {
         } else {
             self.config.workers.stop_grace_seconds
         };
+        // A gate running in a container for this rush is killed and removed.
+        self.gates_stop.send_replace(true);
         let in_progress: Vec<String> = self
             .doc
             .tasks

@@ -25,7 +25,7 @@ use crate::calls::{
     LeaseRef, Register, Registration, TierOutcome, TierSpec,
 };
 use crate::clock::{from_unix_millis, iso_millis, unix_millis};
-use crate::config::Config;
+use crate::config::{Config, GatesRunOn};
 use crate::domain::{
     FailKind, LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus,
 };
@@ -118,6 +118,12 @@ pub struct MergeJob {
     /// The rush's repository handle, which the symbol map's update reads through (`None` when
     /// the rush could not open one: the job opens its own).
     pub git: Option<zerg_git::Repo>,
+    /// Where the gates run: `Some` (the container each gate gets, its name, command and timeout
+    /// filled per gate) in a container rush with `gates.run_on: worker-image`; `None` on the
+    /// host.
+    pub gate_image: Option<zerg_launch::gate::GateContainer>,
+    /// Turns true when the rush stops, which ends a gate running in a container.
+    pub gates_stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// A symbol map to build from a commit (the first of a rush, in a blocking job).
@@ -317,6 +323,8 @@ pub struct Rush {
     pub unreachable_from: BTreeSet<u32>,
     /// The repository, opened once for the rush's commit checks (see [`Rush::git`]).
     pub git: std::sync::OnceLock<zerg_git::Repo>,
+    /// Set when the rush stops: a gate running in a container for it is killed and removed.
+    pub gates_stop: tokio::sync::watch::Sender<bool>,
 }
 
 // === Construction and small helpers ===
@@ -385,6 +393,7 @@ impl Rush {
             brake_at: None,
             symbols: None,
             indexing: false,
+            gates_stop: tokio::sync::watch::channel(false).0,
         }
     }
 
