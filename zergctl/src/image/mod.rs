@@ -37,7 +37,7 @@ pub const DEFAULT_TAG: &str = zerg_proto::contract::image::DEFAULT_TAG;
 /// Label holding the offline image's input hash.
 const HASH_LABEL: &str = "zerg.image.hash";
 /// Bump when the rootfs layout or image config changes, to invalidate cached images.
-const FORMAT_VERSION: &str = "zerg-worker-rootfs/3";
+const FORMAT_VERSION: &str = "zerg-worker-rootfs/4";
 /// The unprivileged user's uid and gid.
 const WORKER_UID: u32 = zerg_proto::contract::image::WORKER_UID;
 /// The Dockerfile for registry-backed builds.
@@ -49,7 +49,7 @@ const TOOLS: &[&str] = &[
     "bash", "cat", "ls", "mkdir", "cp", "mv", "rm", "ln", "test", "[", "true", "false", "echo",
     "env", "sleep", "touch", "grep", "sed", "head", "tail", "wc", "chmod", "printf", "sort",
     "uniq", "cut", "tr", "tee", "find", "xargs", "diff", "id", "pwd", "dirname", "basename",
-    "readlink", "realpath", "mktemp", "date", "uname", "stat",
+    "readlink", "realpath", "mktemp", "date", "uname", "stat", "seq",
 ];
 /// Compiled helpers of git's exec path worth their libraries (scripts and builtins are
 /// always taken).
