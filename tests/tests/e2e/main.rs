@@ -7,6 +7,7 @@ mod cli;
 mod container;
 mod core;
 mod coverage;
+mod gates;
 mod gitcore;
 mod hostile;
 mod longrun;

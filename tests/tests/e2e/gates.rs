@@ -1,0 +1,253 @@
+//! Quality gates of a container rush run in a fresh container of the rush's image
+//! (`gates.run_on: worker-image`, the default), not on zergd's machine: a gate script a worker
+//! committed cannot write a host file, reach zergd's sockets or change the staging worktree,
+//! and a gate that hangs is killed at its timeout and leaves no container. `gates.run_on: host`
+//! runs them on the host, and the rush says so when it starts.
+//!
+//! Like the other container tests these skip without a Docker engine, and fail instead under
+//! `ZERG_REQUIRE_DOCKER=1`.
+
+use serde_json::json;
+use zerg_tests::*;
+
+use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached};
+
+/// Gate containers of `rush_id`, running or not.
+fn gate_containers(rush_id: &str) -> Vec<String> {
+    docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=zerg.gate={rush_id}"),
+    ])
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(str::to_string)
+    .collect()
+}
+
+/// The script G-L1-001 commits and the `probe` gate runs: it tries to write `escape` (a host
+/// path), to reach zergd's control socket and to write into the staging worktree, and prints
+/// what it could do. It exits 0.
+fn probe_script(escape: &std::path::Path, socket: &std::path::Path) -> String {
+    format!(
+        r#"if echo escaped > {e} 2>/dev/null; then echo host-file: written; else echo host-file: blocked; fi
+if [ -e {s} ]; then echo socket: reachable; else echo socket: unreachable; fi
+if touch /zerg/staging/pwned 2>/dev/null || touch ../staging/pwned 2>/dev/null; then echo staging: written; else echo staging: read-only; fi
+echo gate-ran-in "$(pwd)"
+exit 0
+"#,
+        e = escape.display(),
+        s = socket.display()
+    )
+}
+
+/// Writes the graph, the config (with the `probe` gate) and a script whose G-L1-001 commits
+/// `gate.sh`.
+fn setup(repo: &TestRepo, feature: &str, cfg: Config, script: &str) {
+    repo.write_graph(feature, &graph_12(feature));
+    repo.configure(&cfg.set(
+        "quality_gates",
+        json!([{"name": "probe", "command": "sh ./gate.sh", "required": true, "timeout": 60}]),
+    ));
+    let write = format!("cat > gate.sh <<'ZERG_GATE_EOF'\n{script}ZERG_GATE_EOF\n");
+    repo.write_script(
+        feature,
+        &json!({"tasks": {"G-L1-001": [{"op": "shell", "command": write}, {"op": "write_owned"}]}}),
+    );
+}
+
+#[test]
+fn a_gate_a_worker_committed_runs_in_the_worker_image_and_touches_nothing_on_the_host() {
+    if !docker_ready() {
+        return;
+    }
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let outside = tempfile::tempdir().unwrap();
+    let escape = outside.path().join("escape");
+    let repo = TestRepo::new();
+    setup(
+        &repo,
+        "gi",
+        container_cfg(IMAGE),
+        &probe_script(&escape, &d.socket),
+    );
+    start_detached(d, &repo, "gi", 2);
+    let st = d.wait_end(&repo.path, "gi", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    let rush_id = st["rush_id"].as_str().unwrap();
+    // The gate ran (in the container's scratch copy), and what it returned is the result.
+    let log = std::fs::read_to_string(repo.path.join(".zerg/logs/gate-probe-level-1.log"))
+        .unwrap_or_else(|e| panic!("no gate log: {e}\n{}", d.log()));
+    assert!(log.contains("gate-ran-in /workspace"), "{log}");
+    assert!(log.contains("host-file: blocked"), "{log}");
+    assert!(log.contains("socket: unreachable"), "{log}");
+    assert!(log.contains("staging: read-only"), "{log}");
+    assert!(!escape.exists(), "the gate wrote a file on the host");
+    let staging = repo.path.join(".zerg-worktrees/gi/staging");
+    assert!(
+        !staging.join("pwned").exists(),
+        "the gate wrote into the staging worktree"
+    );
+    assert!(
+        gate_containers(rush_id).is_empty(),
+        "a gate container is left"
+    );
+    assert!(
+        !st["warnings"].to_string().contains("gates.run_on: host"),
+        "{st}"
+    );
+}
+
+#[test]
+fn with_gates_run_on_host_the_rush_warns_and_the_gate_runs_on_the_host() {
+    if !docker_ready() {
+        return;
+    }
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let outside = tempfile::tempdir().unwrap();
+    let escape = outside.path().join("escape");
+    let repo = TestRepo::new();
+    setup(
+        &repo,
+        "gh",
+        container_cfg(IMAGE).set("gates.run_on", "host"),
+        &probe_script(&escape, &d.socket),
+    );
+    start_detached(d, &repo, "gh", 2);
+    let st = d.wait_end(&repo.path, "gh", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    assert!(
+        st["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap_or("").starts_with("gates.run_on: host")),
+        "{st}"
+    );
+    // What the warning names happened: the worker's script wrote a file on the host.
+    assert_eq!(
+        std::fs::read_to_string(&escape).unwrap_or_default(),
+        "escaped\n"
+    );
+}
+
+#[test]
+fn a_gate_that_hangs_in_the_worker_image_is_killed_at_its_timeout_and_leaves_no_container() {
+    if !docker_ready() {
+        return;
+    }
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let repo = TestRepo::new();
+    repo.write_graph("gt", &graph_12("gt"));
+    repo.configure(&container_cfg(IMAGE).set(
+        "quality_gates",
+        json!([{"name": "hang", "command": "echo started; sleep 600", "required": true, "timeout": 3}]),
+    ));
+    start_detached(d, &repo, "gt", 2);
+    let st = d.wait_for(&repo.path, "gt", T, "the gate's failure", |s| {
+        s["state"] == "paused"
+    });
+    let reason = st["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("quality gate 'hang' failed") && reason.contains("timed out after 3 s"),
+        "{st}"
+    );
+    assert!(
+        reason.contains("started"),
+        "the gate's output is not in the reason: {st}"
+    );
+    let rush_id = st["rush_id"].as_str().unwrap();
+    assert!(
+        gate_containers(rush_id).is_empty(),
+        "the hung gate's container is left: {:?}",
+        gate_containers(rush_id)
+    );
+    let out = d.ctl_in(&repo.path, &["stop", "gt"]);
+    assert!(out.status.success());
+}
+
+/// Waits until the rush has a gate container, and returns its id.
+fn wait_gate_container(d: &Daemon, rush_id: &str) -> String {
+    assert!(
+        poll(T, || !gate_containers(rush_id).is_empty()),
+        "no gate container started\n{}",
+        d.log()
+    );
+    gate_containers(rush_id)[0].clone()
+}
+
+/// Whether container `id` still exists, running or not.
+fn exists(id: &str) -> bool {
+    !docker(&["ps", "-aq", "--filter", &format!("id={id}")]).is_empty()
+}
+
+#[test]
+fn a_gate_container_is_removed_when_the_rush_stops_and_after_zergd_is_killed() {
+    if !docker_ready() {
+        return;
+    }
+    let hang = json!([{"name": "hang", "command": "sleep 600", "required": true, "timeout": 600}]);
+    let mut ctx = cdaemon();
+    let d = &mut ctx.d;
+    // zergctl stop: the gate is killed and its container removed.
+    let repo = TestRepo::new();
+    repo.write_graph("gs", &graph_12("gs"));
+    repo.configure(&container_cfg(IMAGE).set("quality_gates", hang.clone()));
+    start_detached(d, &repo, "gs", 2);
+    let st = d.wait_for(&repo.path, "gs", T, "the rush's id", |s| {
+        s["rush_id"].is_string()
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    let gate = wait_gate_container(d, &rush_id);
+    let out = d.ctl_in(&repo.path, &["stop", "gs"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        poll(T, || !exists(&gate)),
+        "the gate's container outlived the stop\n{}",
+        d.log()
+    );
+
+    // kill -9 of zergd mid-gate: the next zergd removes the container it left.
+    let repo = TestRepo::new();
+    repo.write_graph("gk", &graph_12("gk"));
+    repo.configure(&container_cfg(IMAGE).set("quality_gates", hang));
+    start_detached(d, &repo, "gk", 2);
+    let st = d.wait_for(&repo.path, "gk", T, "the rush's id", |s| {
+        s["rush_id"].is_string()
+    });
+    let rush_id = st["rush_id"].as_str().unwrap().to_string();
+    let gate = wait_gate_container(d, &rush_id);
+    d.kill9();
+    assert!(exists(&gate), "the gate's container went with zergd");
+    d.restart();
+    assert!(
+        poll(T, || !exists(&gate)),
+        "the restarted zergd left the gate's container\n{}",
+        d.log()
+    );
+    assert!(
+        d.log()
+            .contains("removed gate containers a previous zergd left"),
+        "{}",
+        d.log()
+    );
+    let out = d.ctl_in(&repo.path, &["stop", "gk"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        poll(T, || gate_containers(&rush_id).is_empty()),
+        "{:?}",
+        gate_containers(&rush_id)
+    );
+}
