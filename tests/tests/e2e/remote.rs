@@ -531,7 +531,9 @@ fn a_swarm_worker_checkpoint_is_pushed_and_resumed_in_another_container() {
     };
     let repo = TestRepo::new();
     repo.write_graph("scp", &graph_12("scp"));
-    repo.configure(&swarm_cfg(free_port()));
+    // A gate as loud as a test suite: a swarm rush runs it in a container of its image, in the
+    // scratch copy of staging.
+    repo.configure(&swarm_cfg(free_port()).gate("noisy-test", "seq 1 40000; pwd", true));
     // Attempts are counted per container, so the script looks at the worktree instead: the
     // first attempt writes the file and checkpoints; the resumed one finds the file restored
     // from the checkpoint (fetched from zergd into a new container) and writes nothing.
@@ -552,6 +554,14 @@ fn a_swarm_worker_checkpoint_is_pushed_and_resumed_in_another_container() {
     assert_eq!(
         git(&repo.path, &["show", "zerg/scp/staging:l1/a3.txt"]),
         "written before the checkpoint"
+    );
+    let gate = std::fs::read_to_string(repo.path.join(".zerg/logs/gate-noisy-test-level-1.log"))
+        .unwrap_or_default();
+    assert!(
+        gate.ends_with("40000\n/workspace\n"),
+        "the gate's output ({} bytes) ends {:?}",
+        gate.len(),
+        &gate[gate.len().saturating_sub(40)..]
     );
     // The checkpoint was pushed before it was reported: zergd keeps it reachable.
     assert!(!git(&repo.path, &["for-each-ref", "refs/zerg/scp/wip/"]).is_empty());
