@@ -1769,6 +1769,15 @@ const BENCH_IMAGE: &str = "zerg-worker:bench";
 
 /// Ten container workers from `zergctl rush` to a first heartbeat from each, against ten plain
 /// `docker run`s of the same image started together, in the same run.
+/// Whether status `s` lists `n` workers, each with a non-empty `key`.
+fn every_worker_has(s: &Value, n: usize, key: &str) -> bool {
+    s["workers"].as_object().is_some_and(|w| {
+        w.len() == n
+            && w.values()
+                .all(|w| w[key].as_str().is_some_and(|v| !v.is_empty()))
+    })
+}
+
 fn container_ready(opts: &Opts) -> Value {
     let engine = Command::new("docker")
         .args(["info", "--format", "{{.ServerVersion}}"])
@@ -1861,29 +1870,30 @@ fn container_ready(opts: &Opts) -> Value {
             ));
         }
         let mut ready = None;
+        let mut in_containers = false;
         let mut last = None;
         while t.elapsed() < Duration::from_secs(120) {
             let status = d.status(&repo.path, "cready");
-            if let Some(s) = &status
-                && s["workers"].as_object().is_some_and(|w| {
-                    w.len() == n
-                        && w.values()
-                            .all(|w| w["last_heartbeat"].as_str().is_some_and(|h| !h.is_empty()))
-                })
-            {
-                ready = Some(t.elapsed().as_secs_f64());
-                let in_containers = s["workers"].as_object().is_some_and(|w| {
-                    w.values()
-                        .all(|w| w["container_id"].as_str().is_some_and(|c| !c.is_empty()))
-                });
-                if !in_containers {
-                    let _ = d.ctl_in(&repo.path, &["stop", "cready", "--force"]);
-                    return Err(format!("the workers did not run in containers: {s}"));
+            if let Some(s) = &status {
+                if ready.is_none() && every_worker_has(s, n, "last_heartbeat") {
+                    ready = Some(t.elapsed().as_secs_f64());
                 }
-                break;
+                // A worker's first heartbeat can reach zergd before the spawn that made its
+                // container is recorded: the containers are checked once both are in.
+                if ready.is_some() && every_worker_has(s, n, "container_id") {
+                    in_containers = true;
+                    break;
+                }
             }
             last = status.or(last);
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if ready.is_some() && !in_containers {
+            let _ = d.ctl_in(&repo.path, &["stop", "cready", "--force"]);
+            return Err(format!(
+                "the workers did not run in containers: {}",
+                last.unwrap_or_default()
+            ));
         }
         let _ = d.ctl_in(&repo.path, &["stop", "cready", "--force"]);
         // zergd removes the containers of a stopped rush; the bench leaves none behind either

@@ -10,7 +10,9 @@
 use serde_json::json;
 use zerg_tests::*;
 
-use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached};
+use crate::container::{
+    IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached, wait_no_containers,
+};
 
 /// Gate containers of `rush_id`, running or not.
 fn gate_containers(rush_id: &str) -> Vec<String> {
@@ -98,6 +100,7 @@ fn a_gate_a_worker_committed_runs_in_the_worker_image_and_touches_nothing_on_the
         !st["warnings"].to_string().contains("gates.run_on: host"),
         "{st}"
     );
+    wait_no_containers(rush_id);
 }
 
 #[test]
@@ -132,6 +135,7 @@ fn with_gates_run_on_host_the_rush_warns_and_the_gate_runs_on_the_host() {
         std::fs::read_to_string(&escape).unwrap_or_default(),
         "escaped\n"
     );
+    wait_no_containers(st["rush_id"].as_str().unwrap());
 }
 
 #[test]
