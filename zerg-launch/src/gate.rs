@@ -39,16 +39,9 @@ const SCRIPT: &str = "cp -R /zerg/staging/. /workspace/ && rm -f /workspace/.git
 /// One gate to run in a container.
 #[derive(Debug, Clone)]
 pub struct GateContainer {
-    /// The rush's image (`container.image`).
-    pub image: String,
-    /// The rush's workers' network (`container.network`; empty means `none`).
-    pub network: String,
-    /// Memory limit in bytes (0: none).
-    pub memory_bytes: i64,
-    /// CPU limit (0: none).
-    pub cpus: f64,
-    /// Process limit (0 or less: none).
-    pub pids_limit: i64,
+    /// The workers' container settings: image, network, limits, and the output kept
+    /// (`log_max_bytes`, `container.log_max_size`). `host` is not used.
+    pub container: crate::ContainerSpec,
     /// `uid:gid` the gate runs as: the workers' own.
     pub user: String,
     /// The staging worktree.
@@ -61,8 +54,6 @@ pub struct GateContainer {
     pub command: String,
     /// The gate's timeout.
     pub timeout: Duration,
-    /// The most output kept in the log (`container.log_max_size`).
-    pub output_cap: u64,
 }
 
 /// How a gate in a container ended.
@@ -79,14 +70,8 @@ pub struct GateOutcome {
 const TAIL: usize = 64 << 10;
 
 fn create_body(g: &GateContainer) -> ContainerCreateBody {
-    let network = if g.network.trim().is_empty() {
-        "none".to_string()
-    } else {
-        g.network.trim().to_string()
-    };
-    let memory = (g.memory_bytes > 0).then_some(g.memory_bytes);
     ContainerCreateBody {
-        image: Some(g.image.clone()),
+        image: Some(g.container.image.clone()),
         user: Some(g.user.clone()),
         entrypoint: Some(vec!["sh".into(), "-c".into(), SCRIPT.into()]),
         cmd: Some(vec![]),
@@ -111,26 +96,7 @@ fn create_body(g: &GateContainer) -> ContainerCreateBody {
                 "/workspace".to_string(),
                 "rw,exec,mode=1777".to_string(),
             )])),
-            network_mode: Some(network),
-            memory,
-            memory_swap: memory,
-            nano_cpus: (g.cpus > 0.0).then(|| (g.cpus * 1e9).round() as i64),
-            pids_limit: (g.pids_limit > 0).then_some(g.pids_limit),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            privileged: Some(false),
-            init: Some(true),
-            log_config: Some(bollard::models::HostConfigLogConfig {
-                typ: Some("json-file".into()),
-                config: Some(HashMap::from([
-                    (
-                        "max-size".to_string(),
-                        g.output_cap.max(1 << 20).to_string(),
-                    ),
-                    ("max-file".to_string(), "1".to_string()),
-                ])),
-            }),
-            ..Default::default()
+            ..crate::container::hardened(&g.container)
         }),
         ..Default::default()
     }
@@ -153,7 +119,7 @@ pub async fn run(
         .map_err(|e| match status(&e) {
             Some(404) => format!(
                 "the gate's image {} is not in the local engine (gates.run_on: worker-image); build it with `zergctl image build`, or set gates.run_on: host",
-                g.image
+                g.container.image
             ),
             _ => format!("cannot create the gate's container: {e}"),
         })?
@@ -197,7 +163,7 @@ async fn run_created(
         let opts = KillContainerOptionsBuilder::new().signal("KILL").build();
         let _ = docker.kill_container(id, Some(opts)).await;
     }
-    let mut output = read_output(docker, id, log, g.output_cap).await;
+    let mut output = read_output(docker, id, log, g.container.log_max_bytes).await;
     let ok = match ended {
         Ended::Exited(0) => true,
         Ended::Exited(code) => {
@@ -295,18 +261,21 @@ mod tests {
     #[test]
     fn a_gate_container_gets_the_staging_read_only_and_a_worker_containers_limits() {
         let g = GateContainer {
-            image: "zerg-worker:latest".into(),
-            network: String::new(),
-            memory_bytes: 1 << 30,
-            cpus: 1.5,
-            pids_limit: 256,
+            container: crate::ContainerSpec {
+                image: "zerg-worker:latest".into(),
+                network: String::new(),
+                memory_bytes: 1 << 30,
+                cpus: 1.5,
+                pids_limit: 256,
+                host: None,
+                log_max_bytes: 1 << 20,
+            },
             user: "10001:10001".into(),
             staging: PathBuf::from("/repo/.zerg/worktrees/f/staging"),
             rush_id: "f-1".into(),
             name: "zerg-gate-x".into(),
             command: "cargo test".into(),
             timeout: Duration::from_secs(5),
-            output_cap: 1 << 20,
         };
         let b = create_body(&g);
         let h = b.host_config.unwrap();

@@ -365,12 +365,15 @@ fn a_hostile_swarm_worker_and_a_tokenless_peer_cannot_stall_zergd_or_reach_past_
         "zergd holds {fds} descriptors under the flood ({fds_before} before)"
     );
     status_answers("under the connection flood");
-    std::thread::sleep(std::time::Duration::from_secs(5));
+    // zergd closes each one once `remote.handshake_timeout` (3 s) passes: a read sees the end
+    // as soon as it does, and none may still be open 10 s after the flood.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let still_open = flood
         .iter()
         .filter(|c| {
             let mut c: &std::net::TcpStream = c;
-            c.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            c.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))
                 .unwrap();
             let mut b = [0u8; 1];
             matches!(c.read(&mut b), Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))

@@ -423,7 +423,16 @@ pub(crate) fn parent_of(p: &Path) -> PathBuf {
 
 /// Resource limits and hardening.
 pub fn host_config(spec: &WorkerSpec, facts: &HostFacts) -> HostConfig {
-    let c = &spec.container;
+    HostConfig {
+        mounts: Some(container_mounts(spec, facts)),
+        ..hardened(&spec.container)
+    }
+}
+
+/// What every container zergd runs gets, worker or gate: the network (`none` when unset),
+/// memory (no swap beyond it), CPU and process limits, no capabilities, `no-new-privileges`,
+/// an init, and an engine log capped at `log_max_bytes`. No mounts.
+pub fn hardened(c: &crate::ContainerSpec) -> HostConfig {
     let network = if c.network.trim().is_empty() {
         "none".to_string()
     } else {
@@ -431,7 +440,6 @@ pub fn host_config(spec: &WorkerSpec, facts: &HostFacts) -> HostConfig {
     };
     let memory = (c.memory_bytes > 0).then_some(c.memory_bytes);
     HostConfig {
-        mounts: Some(container_mounts(spec, facts)),
         network_mode: Some(network),
         memory,
         // No swap beyond the memory limit, so a runaway agent is OOM-killed (and reported).

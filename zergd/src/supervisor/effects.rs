@@ -304,7 +304,6 @@ impl Supervisor {
 
     pub(super) fn worker_spec(&self, rush_id: &str, w: u32, generation: u64) -> Option<WorkerSpec> {
         let r = self.rushes.get(rush_id)?;
-        let res = &r.config.resources;
         let token = r.rt_workers.get(&w)?.token.clone()?;
         Some(WorkerSpec {
             rush_id: rush_id.to_string(),
@@ -320,15 +319,7 @@ impl Supervisor {
             socket: self.settings.planes.socket(rush_id),
             token,
             agent_bin: self.settings.agent_bin.clone(),
-            container: ContainerSpec {
-                image: r.config.container.image.clone(),
-                network: r.config.container.network.clone(),
-                memory_bytes: res.container_memory_limit.0,
-                cpus: res.container_cpu_limit,
-                pids_limit: res.container_pids_limit,
-                host: None,
-                log_max_bytes: r.config.container.log_max_size.0 as u64,
-            },
+            container: r.container_spec(),
             env_passthrough: r.config.agent.env_passthrough.clone(),
             stop_grace: r.config.workers.stop_grace_seconds,
             remote: match &self.remote_plane {

@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::domain::{Mode, RushState};
 use crate::launcher::container::ContainerLauncher;
 use crate::launcher::subprocess::SubprocessLauncher;
-use crate::launcher::{ContainerSpec, ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
+use crate::launcher::{ExitInfo, Launcher, SpawnError, Spawned, WorkerSpec};
 use crate::monitor::Monitor;
 use crate::state::{Registry, RegistryEntry, StateStore, Summary};
 use rush::{CommitCheck, Effects, MergeResult, Rush};

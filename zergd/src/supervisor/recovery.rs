@@ -12,11 +12,13 @@ impl Supervisor {
         let reg = Registry::load(&self.settings.registry_path);
         let now = self.clock.now();
         let wall = self.clock.wall();
-        sweep_gates(reg.rushes.iter().map(|e| e.rush_id.clone()).collect()).await;
+        // Rushes whose gates ran in containers: only they can have left a gate container.
+        let mut gated = Vec::new();
         for e in reg.rushes {
             if e.state.is_terminal() && !e.summary.is_empty() {
                 // Ended while zergd ran: listed from its entry, loaded when a command asks.
                 if e.summary.mode != Mode::Subprocess {
+                    gated.push(e.rush_id.clone());
                     // Its containers may have outlived a zergd killed as the rush ended.
                     let (repo, feature) = (PathBuf::from(&e.repo), e.feature.clone());
                     self.sweep_ended(&e.rush_id, e.summary.mode, repo, feature);
@@ -35,6 +37,9 @@ impl Supervisor {
                     continue;
                 }
             };
+            if r.doc.rush.mode != Mode::Subprocess {
+                gated.push(e.rush_id.clone());
+            }
             if r.doc.rush.state.is_active() {
                 if let Err(err) = self.prepare_remote(r.doc.rush.mode, &r.config) {
                     tracing::error!(rush = %e.rush_id, error = %err.message(), "remote workers of this rush cannot reconnect");
@@ -48,6 +53,8 @@ impl Supervisor {
             }
             self.rushes.insert(e.rush_id.clone(), r);
         }
+        // Before the actor runs again, so no merge resumes before its old gate is gone.
+        sweep_gates(gated).await;
     }
 
     /// Removes every container, service or Job of an ended rush (in the background).
@@ -109,8 +116,8 @@ impl Supervisor {
 }
 
 /// Removes the gate containers a killed zergd left for `rushes` (nothing when no engine
-/// answers), before any of them resumes: a merge it starts again must not lose its new gate
-/// container to the sweep.
+/// answers, and no engine is asked when no rush ran in containers), before any of them
+/// resumes: a merge it starts again must not lose its new gate container to the sweep.
 async fn sweep_gates(rushes: Vec<String>) {
     if rushes.is_empty() {
         return;

@@ -83,29 +83,21 @@ impl Rush {
         if mode == Mode::Subprocess || self.config.gates.run_on == GatesRunOn::Host {
             return None;
         }
-        let c = &self.config.container;
-        let res = &self.config.resources;
+        let mut container = self.container_spec();
         // The network the rush's workers get: a swarm service with none gets the host's.
-        let net = c.network.trim();
-        let network = if mode == Mode::Swarm && (net.is_empty() || net == "none") {
-            "host".to_string()
-        } else {
-            net.to_string()
-        };
+        let net = container.network.trim();
+        if mode == Mode::Swarm && (net.is_empty() || net == "none") {
+            container.network = "host".into();
+        }
         let (uid, gid, _) = zerg_launch::container::container_identity();
         Some(zerg_launch::gate::GateContainer {
-            image: c.image.clone(),
-            network,
-            memory_bytes: res.container_memory_limit.0,
-            cpus: res.container_cpu_limit,
-            pids_limit: res.container_pids_limit,
+            container,
             user: format!("{uid}:{gid}"),
             staging: self.paths.staging_worktree(),
             rush_id: self.id().to_string(),
             name: String::new(),
             command: String::new(),
             timeout: std::time::Duration::ZERO,
-            output_cap: c.log_max_size.0.max(0) as u64,
         })
     }
 

@@ -397,6 +397,21 @@ impl Rush {
         }
     }
 
+    /// The container settings of the rush's workers (and of its gate containers), from its
+    /// config; the host side is prepared per spawn.
+    pub fn container_spec(&self) -> crate::launcher::ContainerSpec {
+        let res = &self.config.resources;
+        crate::launcher::ContainerSpec {
+            image: self.config.container.image.clone(),
+            network: self.config.container.network.clone(),
+            memory_bytes: res.container_memory_limit.0,
+            cpus: res.container_cpu_limit,
+            pids_limit: res.container_pids_limit,
+            host: None,
+            log_max_bytes: self.config.container.log_max_size.0.max(0) as u64,
+        }
+    }
+
     /// Rush id.
     pub fn id(&self) -> &str {
         &self.doc.rush.rush_id
