@@ -107,17 +107,24 @@ pub fn docker_engine() -> Result<(), String> {
     }
 }
 
+/// Whether a missing Docker engine fails a test rather than skipping it: under CI
+/// ([`skipping_forbidden`]) or with `ZERG_REQUIRE_DOCKER=1`.
+pub fn docker_required() -> bool {
+    skipping_forbidden() || std::env::var("ZERG_REQUIRE_DOCKER").as_deref() == Ok("1")
+}
+
 /// For a test that needs a Docker engine: true when one answers ([`docker_engine`]).
-/// Otherwise the test is skipped (false, with `SKIPPED: <reason>` printed), or fails when
-/// `ZERG_REQUIRE_DOCKER=1` (which `.ci/run` sets when the engine is there).
+/// Otherwise the test is skipped (false, with `SKIPPED: <reason>` printed), or fails when the
+/// engine is required ([`docker_required`]: under `CI=true`, which `.ci/run` sets after
+/// starting or installing an engine, or with `ZERG_REQUIRE_DOCKER=1`).
 #[track_caller]
 pub fn docker_or_skip() -> bool {
     match docker_engine() {
         Ok(()) => true,
         Err(why) => {
             assert!(
-                std::env::var("ZERG_REQUIRE_DOCKER").as_deref() != Ok("1"),
-                "ZERG_REQUIRE_DOCKER=1 but {why}"
+                !docker_required(),
+                "a Docker engine is required here (CI=true or ZERG_REQUIRE_DOCKER=1), but {why}"
             );
             eprintln!("SKIPPED: {why} (container-mode tests need a Docker engine)");
             false

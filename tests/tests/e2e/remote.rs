@@ -7,7 +7,7 @@
 //! by CI when the engine is present) they fail instead.
 
 use serde_json::json;
-use zerg_proto::testkit::SwarmSession;
+use zerg_proto::testkit::{SwarmSession, docker_required};
 use zerg_tests::*;
 
 use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached_in};
@@ -30,8 +30,8 @@ fn swarm() -> Option<SwarmSession> {
         Ok(s) => Some(s),
         Err(e) => {
             assert!(
-                std::env::var("ZERG_REQUIRE_DOCKER").as_deref() != Ok("1"),
-                "ZERG_REQUIRE_DOCKER=1 but the engine cannot be a swarm: {e}"
+                !docker_required(),
+                "a Docker engine is required here, but the engine cannot be a swarm: {e}"
             );
             skip(&format!("the engine cannot be a swarm: {e}"));
             None

@@ -19,7 +19,7 @@ use crate::RemoteSpec;
 use crate::WorkerToken;
 use crate::testkit::{import_image, remove_image, stage};
 use zerg_proto::contract::env as worker_env;
-use zerg_proto::testkit::{docker_or_skip, skip};
+use zerg_proto::testkit::{docker_or_skip, docker_required, skip};
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n";
 
@@ -430,8 +430,8 @@ async fn real_swarm_lifecycle() {
         Ok(g) => g,
         Err(e) => {
             assert!(
-                std::env::var("ZERG_REQUIRE_DOCKER").as_deref() != Ok("1"),
-                "ZERG_REQUIRE_DOCKER=1 but docker swarm init failed: {e}"
+                !docker_required(),
+                "a Docker engine is required here, but docker swarm init failed: {e}"
             );
             skip(&format!("cannot make the engine a swarm: {e}"));
             return;
