@@ -54,22 +54,45 @@ fn readme_keys(readme: &str, first: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether `src` defines `fn name(` as a test: `#[test]` or `#[tokio::test…]` among the three
-/// lines before it.
-fn defines_test(src: &str, name: &str) -> bool {
-    let Some(at) = src.find(&format!("fn {name}(")) else {
-        return false;
-    };
-    src[..at]
-        .lines()
-        .rev()
-        .take(4)
-        .any(|l| l.contains("#[test]") || l.contains("#[tokio::test"))
+/// What a source file holds under a test's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// No test of that name.
+    Missing,
+    /// A test that runs wherever the suite runs.
+    Runs,
+    /// A test that can pass without running its check: marked `#[ignore]`, or printing
+    /// `SKIPPED` and returning on its own (rather than through `testkit::skip`, which fails
+    /// under `CI=true`).
+    CanSkip,
 }
 
-/// What is wrong with the coverage map `map` against `readme`; `test_exists(path, name)` says
-/// whether `path` (relative to the repository root) defines `fn name(`.
-fn problems(map: &str, readme: &str, test_exists: impl Fn(&str, &str) -> bool) -> Vec<String> {
+/// What `src` holds under `fn name(`: a test is a function with `#[test]` or `#[tokio::test…]`
+/// among the four lines before it.
+fn find_test(src: &str, name: &str) -> Found {
+    let Some(at) = src.find(&format!("fn {name}(")) else {
+        return Found::Missing;
+    };
+    let attrs: Vec<&str> = src[..at].lines().rev().take(4).collect();
+    if !attrs
+        .iter()
+        .any(|l| l.contains("#[test]") || l.contains("#[tokio::test"))
+    {
+        return Found::Missing;
+    }
+    let rest = &src[at..];
+    let body = &rest[..rest.find("\n}\n").map_or(rest.len(), |e| e + 3)];
+    if attrs.iter().any(|l| l.contains("#[ignore")) || body.contains("\"SKIPPED") {
+        Found::CanSkip
+    } else {
+        Found::Runs
+    }
+}
+
+/// What is wrong with the coverage map `map` against `readme`; `find(path, name)` says what
+/// `path` (relative to the repository root) holds under `fn name(`. A row is wrong when it
+/// names no test, names one that does not exist, or names only tests that can skip on CI.
+fn problems(map: &str, readme: &str, find: impl Fn(&str, &str) -> Found) -> Vec<String> {
     let mut out = Vec::new();
     let mut claims = Vec::new();
     for (header, rows) in tables(map) {
@@ -83,14 +106,21 @@ fn problems(map: &str, readme: &str, test_exists: impl Fn(&str, &str) -> bool) -
             if row.len() != header.len() || named.is_empty() {
                 out.push(format!("row {claim:?} names no test"));
             }
-            for t in named {
+            let mut runs = false;
+            for t in &named {
                 match t.rsplit_once("::") {
-                    Some((path, name)) if test_exists(path, name) => {}
-                    Some((path, name)) => {
-                        out.push(format!("row {claim:?}: no test `fn {name}(` in {path}"))
-                    }
+                    Some((path, name)) => match find(path, name) {
+                        Found::Runs => runs = true,
+                        Found::CanSkip => {}
+                        Found::Missing => {
+                            out.push(format!("row {claim:?}: no test `fn {name}(` in {path}"))
+                        }
+                    },
                     None => out.push(format!("row {claim:?}: {t:?} is not `path::function`")),
                 }
+            }
+            if !named.is_empty() && !runs {
+                out.push(format!("row {claim:?} names no test that runs on CI"));
             }
             claims.push(claim);
         }
@@ -125,8 +155,8 @@ fn every_documented_behaviour_names_a_test_that_exists() {
     };
     let map = read("docs/testing.md");
     let readme = read("README.md");
-    let exists = |path: &str, name: &str| {
-        std::fs::read_to_string(root.join(path)).is_ok_and(|src| defines_test(&src, name))
+    let find = |path: &str, name: &str| {
+        std::fs::read_to_string(root.join(path)).map_or(Found::Missing, |src| find_test(&src, name))
     };
     // The README tables this check reads are where it expects them.
     for first in ["Failure", "Command", "Code"] {
@@ -135,7 +165,7 @@ fn every_documented_behaviour_names_a_test_that_exists() {
             "no README table starting with {first:?}"
         );
     }
-    let problems = problems(&map, &readme, exists);
+    let problems = problems(&map, &readme, find);
     assert!(
         problems.is_empty(),
         "docs/testing.md is out of date:\n{}",
@@ -144,7 +174,7 @@ fn every_documented_behaviour_names_a_test_that_exists() {
 }
 
 #[test]
-fn the_coverage_check_reports_empty_rows_missing_tests_and_uncovered_readme_rows() {
+fn the_coverage_check_reports_empty_rows_missing_tests_skip_only_rows_and_uncovered_readme_rows() {
     let readme = "\
 | Failure | What zerg does |
 |---|---|
@@ -166,27 +196,32 @@ fn the_coverage_check_reports_empty_rows_missing_tests_and_uncovered_readme_rows
 | A worker fails to spawn | README | `a.rs::spawn_retry` |
 | `zergctl service [install\\|print]` | README | |
 | Exit code 64: bad usage | README | `a.rs::gone`, `b.rs::usage` |
+| zergd is killed | README | `c.rs::on_a_cluster`, `c.rs::ignored` |
 ";
-    let exists = |path: &str, name: &str| {
-        (path, name) == ("a.rs", "spawn_retry") || (path, name) == ("b.rs", "usage")
+    let find = |path: &str, name: &str| match (path, name) {
+        ("a.rs", "spawn_retry") | ("b.rs", "usage") => Found::Runs,
+        ("c.rs", _) => Found::CanSkip,
+        _ => Found::Missing,
     };
-    let p = problems(map, readme, exists);
+    let p = problems(map, readme, find);
     assert_eq!(
         p,
         vec![
             "row \"`zergctl service [install\\\\|print]`\" names no test".to_string(),
             "row \"Exit code 64: bad usage\": no test `fn gone(` in a.rs".to_string(),
-            "the README's \"zergd is killed\" has no row in docs/testing.md".to_string(),
+            "row \"zergd is killed\" names no test that runs on CI".to_string(),
             "the README's \"Exit code 6\" has no row in docs/testing.md".to_string(),
         ]
     );
 }
 
 #[test]
-fn only_a_function_marked_as_a_test_counts() {
-    let src = "fn helper() {}\n\n#[test]\nfn plain() {}\n\n#[tokio::test(flavor = \"multi_thread\")]\n#[ignore]\nasync fn asynchronous() {}\n";
-    assert!(defines_test(src, "plain"));
-    assert!(defines_test(src, "asynchronous"));
-    assert!(!defines_test(src, "helper"));
-    assert!(!defines_test(src, "missing"));
+fn only_a_function_marked_as_a_test_counts_and_a_skip_of_its_own_is_seen() {
+    let src = "fn helper() {}\n\n#[test]\nfn plain() {\n    if !docker_or_skip() {\n        return;\n    }\n}\n\n#[tokio::test(flavor = \"multi_thread\")]\n#[ignore = \"needs a cluster\"]\nasync fn asynchronous() {}\n\n#[test]\nfn quiet() {\n    if std::env::var_os(\"X\").is_none() {\n        eprintln!(\"SKIPPED: no X\");\n        return;\n    }\n}\n\n#[test]\nfn after() {}\n";
+    assert_eq!(find_test(src, "plain"), Found::Runs);
+    assert_eq!(find_test(src, "asynchronous"), Found::CanSkip);
+    assert_eq!(find_test(src, "quiet"), Found::CanSkip);
+    assert_eq!(find_test(src, "after"), Found::Runs);
+    assert_eq!(find_test(src, "helper"), Found::Missing);
+    assert_eq!(find_test(src, "missing"), Found::Missing);
 }
