@@ -170,6 +170,12 @@ mod tests {
         assert_eq!(host_of("zergd"), "zergd");
     }
 
+    /// The certificate in `pem` (the first one), as webpki reads it.
+    fn der(pem: &str) -> rustls_pki_types::CertificateDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+
     #[test]
     fn the_ca_is_minted_once_and_kept_private() {
         use std::os::unix::fs::PermissionsExt;
@@ -180,20 +186,120 @@ mod tests {
         let b = tls_material(&d, &cfg).unwrap();
         assert_eq!(a.ca_pem, b.ca_pem, "the CA is kept across starts");
         assert_ne!(a.key_pem, b.key_pem, "the server key is new at every start");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700, "the CA's directory is 0700");
         for f in ["ca.pem", "ca.key"] {
-            let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode();
-            assert_eq!(mode & 0o077, 0, "{f} is private");
+            assert_eq!(mode(&d.join(f)), 0o600, "{f} is 0600");
         }
+        assert_eq!(
+            std::fs::read_to_string(d.join("ca.pem")).unwrap(),
+            a.ca_pem,
+            "the CA workers are given is the one kept"
+        );
         assert!(format!("{a:?}").contains("redacted"));
+    }
+
+    /// The server certificate zergd signs chains to its CA, for TLS servers, and names the hosts
+    /// of `remote.advertise_url` and `remote.listen`, `localhost` and `127.0.0.1`, and nothing
+    /// else (docs/Remote-Workers.md, "Certificates").
+    #[test]
+    fn the_server_certificate_chains_to_the_ca_and_names_the_plane() {
+        use rustls_pki_types::{ServerName, UnixTime};
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = RemoteConfig {
+            listen: "10.1.2.3:7446".into(),
+            advertise_url: "https://zergd.example.internal:8446/".into(),
+            ..RemoteConfig::default()
+        };
+        let tls = tls_material(&dir.path().join("remote"), &cfg).unwrap();
+        let ca = der(&tls.ca_pem);
+        let anchors = [webpki::anchor_from_trusted_cert(&ca).unwrap()];
+        let cert = der(&tls.cert_pem);
+        let leaf = webpki::EndEntityCert::try_from(&cert).unwrap();
+        leaf.verify_for_usage(
+            &[webpki::ring::ECDSA_P256_SHA256],
+            &anchors,
+            &[],
+            UnixTime::now(),
+            webpki::KeyUsage::server_auth(),
+            None,
+            None,
+        )
+        .expect("the server certificate chains to zergd's CA");
+        // Another CA (of another state directory) does not vouch for it.
+        let other = tls_material(&dir.path().join("other"), &cfg).unwrap();
+        let other_ca = der(&other.ca_pem);
+        let other_anchors = [webpki::anchor_from_trusted_cert(&other_ca).unwrap()];
+        assert!(
+            leaf.verify_for_usage(
+                &[webpki::ring::ECDSA_P256_SHA256],
+                &other_anchors,
+                &[],
+                UnixTime::now(),
+                webpki::KeyUsage::server_auth(),
+                None,
+                None,
+            )
+            .is_err()
+        );
+        let valid_for = |name: &str| {
+            leaf.verify_is_valid_for_subject_name(&ServerName::try_from(name).unwrap())
+                .is_ok()
+        };
+        for name in [
+            "zergd.example.internal",
+            "10.1.2.3",
+            "localhost",
+            "127.0.0.1",
+        ] {
+            assert!(valid_for(name), "the certificate names {name}");
+        }
+        for name in ["example.internal", "other.internal", "10.1.2.4", "0.0.0.0"] {
+            assert!(!valid_for(name), "the certificate does not name {name}");
+        }
+        // A plane on every interface names no wildcard address.
+        let any = RemoteConfig {
+            listen: "0.0.0.0:7446".into(),
+            ..RemoteConfig::default()
+        };
+        let tls = tls_material(&dir.path().join("remote"), &any).unwrap();
+        let cert = der(&tls.cert_pem);
+        let leaf = webpki::EndEntityCert::try_from(&cert).unwrap();
+        let named = |ip: &'static str| {
+            leaf.verify_is_valid_for_subject_name(&ServerName::try_from(ip).unwrap())
+                .is_ok()
+        };
+        assert!(named("127.0.0.1"));
+        assert!(!named("0.0.0.0"), "the certificate does not name 0.0.0.0");
     }
 
     #[test]
     fn operator_files_go_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, "a readable certificate file\n").unwrap();
         let cfg = RemoteConfig {
-            tls_cert: "/nonexistent/cert.pem".into(),
+            tls_cert: cert.display().to_string(),
             ..RemoteConfig::default()
         };
-        let e = tls_material(Path::new("/nonexistent"), &cfg).unwrap_err();
-        assert!(e.contains("remote.tls_cert"), "{e}");
+        let e = tls_material(&dir.path().join("remote"), &cfg).unwrap_err();
+        assert!(
+            e.starts_with("remote.tls_key is empty")
+                && e.contains("remote.tls_cert, remote.tls_key and remote.tls_ca go together"),
+            "{e}"
+        );
+        let cfg = RemoteConfig {
+            tls_key: cert.display().to_string(),
+            ..cfg
+        };
+        let e = tls_material(&dir.path().join("remote"), &cfg).unwrap_err();
+        assert!(
+            e.starts_with("remote.tls_ca is empty") && e.contains("go together"),
+            "{e}"
+        );
+        assert!(
+            !dir.path().join("remote").exists(),
+            "no CA of zergd's own is minted when the operator names files"
+        );
     }
 }
