@@ -68,6 +68,38 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
     // Every Task-ID exactly once on staging.
     assert_eq!(repo.task_ids_on("zerg/feat/staging"), graph_12_ids());
+    // Each task is one commit `ZERG [<N>]: <title>`, N the worker that ran it, with its Task-ID
+    // trailer (docs/state-format.md).
+    let graph: Value = serde_json::from_str(&graph_12("feat")).unwrap();
+    let titles: std::collections::BTreeMap<&str, &str> = graph["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap(), t["title"].as_str().unwrap()))
+        .collect();
+    let commits = git(
+        &repo.path,
+        &[
+            "log",
+            "--no-merges",
+            "--format=%s%x1f%(trailers:key=Task-ID,valueonly)%x1e",
+            "main..zerg/feat/staging",
+        ],
+    );
+    let mut seen = Vec::new();
+    for rec in commits
+        .split('\x1e')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+    {
+        let f: Vec<&str> = rec.split('\x1f').collect();
+        let (subject, id) = (f[0], f[1].trim());
+        let w = st["tasks"][id]["worker_id"].as_i64().unwrap();
+        assert_eq!(subject, format!("ZERG [{w}]: {}", titles[id]), "{id}");
+        seen.push(id.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, graph_12_ids(), "one commit a task:\n{commits}");
     // Every file on staging.
     let files = repo.files_on("zerg/feat/staging");
     for f in (1..=5)
