@@ -871,3 +871,54 @@ fn service_without_home_exits_64_and_one_that_cannot_write_its_unit_exits_70() {
     assert_eq!(out.status.code(), Some(70), "{err}");
     assert!(err.contains("cannot create"), "{err}");
 }
+
+/// `budget.task_max_usd` is appended to the agent command as `--max-budget-usd N`, with
+/// `agent.profile: claude` only (docs/Configuration-Reference.md, `budget`): the fake agent
+/// records the arguments of every invocation (`FAKE_CLAUDE_LOG`).
+#[test]
+fn budget_task_max_usd_reaches_claude_as_max_budget_usd_and_no_other_profile() {
+    let marks = tempfile::tempdir().unwrap();
+    let log = marks.path().join("invocations.jsonl");
+    let d = Daemon::start_with_env(vec![("FAKE_CLAUDE_LOG".into(), log.display().to_string())]);
+    let mut repos = Vec::new();
+    for (feature, profile) in [("bc", "claude"), ("bp", "plain")] {
+        let repo = TestRepo::new();
+        repo.write_graph(feature, &two_levels(feature, &feature.to_uppercase()));
+        repo.configure(
+            &config()
+                .set("budget.task_max_usd", 2.5)
+                .set("agent.profile", profile),
+        );
+        ok(&d.ctl_in(&repo.path, &["rush", feature, "--workers", "1"]));
+        let st = d.status(&repo.path, feature).expect("status");
+        assert_eq!(st["state"], "complete", "{st}");
+        repos.push(repo);
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut tasks = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let task = v["task_id"].as_str().unwrap().to_string();
+        let argv: Vec<&str> = v["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let caps: Vec<&[&str]> = argv
+            .windows(2)
+            .filter(|w| w[0] == "--max-budget-usd")
+            .collect();
+        if task.starts_with("BC-") {
+            assert_eq!(caps, [["--max-budget-usd", "2.5"]], "{task}: {argv:?}");
+        } else {
+            assert!(
+                !argv.contains(&"--max-budget-usd"),
+                "{task} (agent.profile: plain): {argv:?}"
+            );
+        }
+        tasks.push(task);
+    }
+    tasks.sort();
+    assert_eq!(tasks, ["BC-L1-001", "BC-L2-001", "BP-L1-001", "BP-L2-001"]);
+}
