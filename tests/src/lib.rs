@@ -350,6 +350,7 @@ pub struct DaemonBuilder {
     env: Vec<(String, String)>,
     unset: Vec<String>,
     git_identity: bool,
+    state_files: Vec<(PathBuf, String)>,
 }
 
 impl DaemonBuilder {
@@ -379,12 +380,24 @@ impl DaemonBuilder {
         self
     }
 
+    /// A file in zergd's state directory (`rel` below it) before zergd first starts, such as
+    /// an old log of its own. Files are written in the order given.
+    pub fn state_file(mut self, rel: impl Into<PathBuf>, text: impl Into<String>) -> DaemonBuilder {
+        self.state_files.push((rel.into(), text.into()));
+        self
+    }
+
     /// Starts zergd and waits until it answers.
     pub fn start(self) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("zergd-")
             .tempdir()
             .expect("tempdir");
+        for (rel, text) in &self.state_files {
+            let path = dir.path().join("state").join(rel);
+            std::fs::create_dir_all(path.parent().expect("a file in a directory")).expect("mkdir");
+            std::fs::write(&path, text).expect("write a state file");
+        }
         let socket = dir.path().join("run").join("zergd.sock");
         let home = dir.path().join("home");
         std::fs::create_dir_all(home.join(".config")).expect("mkdir home");
@@ -512,7 +525,7 @@ impl Daemon {
             .arg("--socket")
             .arg(&self.socket)
             .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
+            .arg(self.state_dir())
             .env("ZERG_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -549,10 +562,15 @@ impl Daemon {
         }
     }
 
+    /// zergd's state directory (`--state-dir`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
     /// zergd's own rotated log files (`<state dir>/logs/`), concatenated.
     pub fn state_log(&self) -> String {
         let mut out = String::new();
-        if let Ok(rd) = std::fs::read_dir(self.dir.path().join("state/logs")) {
+        if let Ok(rd) = std::fs::read_dir(self.state_dir().join("logs")) {
             for e in rd.flatten() {
                 out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
             }

@@ -922,3 +922,51 @@ fn budget_task_max_usd_reaches_claude_as_max_budget_usd_and_no_other_profile() {
     tasks.sort();
     assert_eq!(tasks, ["BC-L1-001", "BC-L2-001", "BP-L1-001", "BP-L2-001"]);
 }
+
+/// zergd's own log rotates daily and keeps the last `--log-retain-days` files
+/// (`ZERG_LOG_RETAIN_DAYS`, default 7; docs/Configuration-Reference.md, `logging`): older ones
+/// are removed when zergd starts.
+#[test]
+fn zergd_keeps_the_last_log_retain_days_files_of_its_own_log() {
+    /// zergd's log files in its state directory, sorted.
+    fn logs(d: &Daemon) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d.state_dir().join("logs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("zergd.") && n.ends_with(".log"))
+            .collect();
+        v.sort();
+        v
+    }
+    let old = |n: u32| format!("logs/zergd.2020-01-{n:02}.log");
+    for (retain, kept) in [(Some("3"), 8..=9), (None, 4..=9)] {
+        let mut b = Daemon::builder();
+        // Nine days of old logs, written oldest first.
+        for n in 1..=9 {
+            b = b.state_file(old(n), format!("day {n}\n"));
+        }
+        if let Some(days) = retain {
+            b = b.env("ZERG_LOG_RETAIN_DAYS", days);
+        }
+        let d = b.start();
+        let files = logs(&d);
+        let (today, earlier): (Vec<&String>, Vec<&String>) =
+            files.iter().partition(|n| !n.starts_with("zergd.2020-"));
+        let want: Vec<String> = kept
+            .clone()
+            .map(|n| old(n).trim_start_matches("logs/").to_string())
+            .collect();
+        assert_eq!(earlier, want.iter().collect::<Vec<_>>(), "{retain:?}");
+        assert_eq!(
+            today.len(),
+            1,
+            "today's log beside the kept ones: {files:?}"
+        );
+        assert_eq!(
+            files.len(),
+            retain.map_or(7, |r| r.parse().unwrap()),
+            "{files:?}"
+        );
+    }
+}
