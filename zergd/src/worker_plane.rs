@@ -737,6 +737,23 @@ mod tests {
         assert_eq!(auth_from_metadata("r", &md).token_sha256, None);
     }
 
+    /// A token over 256 bytes counts as no token (docs/Security.md, "Tokens"); one of 256
+    /// bytes is read.
+    #[test]
+    fn a_token_over_256_bytes_counts_as_none() {
+        let with = |token: &str| {
+            let mut md = MetadataMap::new();
+            md.insert(
+                zerg_proto::contract::TOKEN_METADATA,
+                zerg_proto::contract::bearer(token).parse().unwrap(),
+            );
+            auth_from_metadata("r", &md).token_sha256
+        };
+        let at_most = "a".repeat(256);
+        assert_eq!(with(&at_most), Some(hash_token(&at_most)));
+        assert_eq!(with(&"a".repeat(257)), None);
+    }
+
     #[test]
     fn an_artifact_is_capped_and_never_written_through_a_symlink() {
         let dir = tempfile::tempdir().unwrap();
