@@ -590,3 +590,79 @@ fn a_remote_rush_of_a_spec_that_is_not_committed_is_refused_saying_so() {
         "{err}"
     );
 }
+
+/// Starts a swarm rush of `feature` (graph_12) whose tasks hold their leases for a minute, so
+/// it is still running while the test looks at the plane; returns its rush id.
+fn start_holding_rush(d: &Daemon, repo: &TestRepo, feature: &str, cfg: &Config) -> String {
+    repo.write_graph(feature, &graph_12(feature));
+    repo.configure(cfg);
+    repo.write_script(
+        feature,
+        &json!({"default": [{"op": "tick", "count": 600, "interval_ms": 100}, {"op": "write_owned"}]}),
+    );
+    start_detached_in(d, repo, feature, 1, "swarm");
+    d.status(&repo.path, feature).expect("status")["rush_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Stops a rush and waits until the swarm holds nothing of it.
+fn stop_and_sweep(d: &Daemon, repo: &TestRepo, feature: &str, rush_id: &str) {
+    let out = d.ctl_in(&repo.path, &["stop", feature, "--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_nothing_left(rush_id);
+}
+
+/// One zergd serves one address (docs/Configuration-Reference.md, `remote`): while a remote
+/// rush runs, another whose `remote.listen` or `remote.advertise_url` differs is refused,
+/// naming the address in use; one that asks for the same address starts.
+#[test]
+fn a_second_remote_rush_that_asks_for_another_address_is_refused_naming_the_one_served() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let port = free_port();
+    let served = format!("127.0.0.1:{port}");
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let first = TestRepo::new();
+    let first_id = start_holding_rush(d, &first, "ra", &swarm_cfg(port));
+    let other_port = free_port();
+    let asks = [
+        (swarm_cfg(other_port), format!("127.0.0.1:{other_port}")),
+        (
+            swarm_cfg(port).set("remote.advertise_url", format!("https://localhost:{port}")),
+            served.clone(),
+        ),
+    ];
+    for (cfg, listen) in asks {
+        let repo = TestRepo::new();
+        repo.write_graph("rb", &graph_12("rb"));
+        repo.configure(&cfg);
+        let out = d.ctl_in(&repo.path, &["rush", "rb", "--mode", "swarm", "--detach"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a second address was served: {err}");
+        assert!(
+            err.contains(&format!(
+                "this zergd serves remote workers on {served} (https://{served})"
+            )) && err.contains(&format!("remote.listen {listen}")),
+            "{err}"
+        );
+        assert!(
+            d.status(&repo.path, "rb").is_none(),
+            "the refused rush exists"
+        );
+    }
+    let st = d.status(&first.path, "ra").expect("status");
+    assert_eq!(st["state"], "running", "{st}");
+    // The same address: a second remote rush shares the plane.
+    let same = TestRepo::new();
+    let same_id = start_holding_rush(d, &same, "rc", &swarm_cfg(port));
+    stop_and_sweep(d, &same, "rc", &same_id);
+    stop_and_sweep(d, &first, "ra", &first_id);
+}
