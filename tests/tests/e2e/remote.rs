@@ -666,3 +666,96 @@ fn a_second_remote_rush_that_asks_for_another_address_is_refused_naming_the_one_
     stop_and_sweep(d, &same, "rc", &same_id);
     stop_and_sweep(d, &first, "ra", &first_id);
 }
+
+/// The TCP plane sends HTTP/2 keepalive pings every 20 s (docs/Remote-Workers.md,
+/// "Keepalives"): a TLS client that trusts zergd's CA opens an HTTP/2 connection, says nothing
+/// more, and reads the frames zergd sends until a PING comes.
+#[test]
+fn the_tcp_plane_pings_an_idle_connection_after_20_seconds() {
+    let Some(_swarm) = swarm() else {
+        return;
+    };
+    let port = free_port();
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let repo = TestRepo::new();
+    // A connection that makes no call is closed after remote.handshake_timeout: longer here
+    // than the wait for the ping.
+    let rush_id = start_holding_rush(
+        d,
+        &repo,
+        "ka",
+        &swarm_cfg(port).set("remote.handshake_timeout", 45),
+    );
+    let ca = std::fs::read(d.state_dir().join("remote/ca.pem")).unwrap();
+    let gap = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(first_ping(port, &ca));
+    // The lower bound is the claim (pings come after 20 s without a frame); the upper one only
+    // bounds a hung test.
+    assert!(
+        gap >= std::time::Duration::from_secs(19),
+        "the plane pinged after {gap:?} of silence"
+    );
+    stop_and_sweep(d, &repo, "ka", &rush_id);
+}
+
+/// Opens an HTTP/2 connection over TLS to the plane on `port` (trusting only `ca_pem`, as a
+/// worker does), sends the preface and its settings, acknowledges the server's, and returns
+/// how long after its last frame the server's first PING came. Panics if the connection ends
+/// or 40 s pass without one.
+async fn first_ping(port: u16, ca_pem: &[u8]) -> std::time::Duration {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const ACK: u8 = 0x1;
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem).unwrap())
+        .unwrap();
+    let mut config = ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("a TLS session with the plane, trusting zergd's CA");
+    let frame = |kind: u8, flags: u8| [0, 0, 0, kind, flags, 0, 0, 0, 0];
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    tls.write_all(&frame(SETTINGS, 0)).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut last_sent = tokio::time::Instant::now();
+    let read = async {
+        loop {
+            let mut head = [0u8; 9];
+            if let Err(e) = tls.read_exact(&mut head).await {
+                panic!("the plane closed the connection before a PING: {e}");
+            }
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            tls.read_exact(&mut payload).await.unwrap();
+            match (head[3], head[4] & ACK) {
+                (PING, 0) => return last_sent.elapsed(),
+                (SETTINGS, 0) => {
+                    tls.write_all(&frame(SETTINGS, ACK)).await.unwrap();
+                    tls.flush().await.unwrap();
+                    last_sent = tokio::time::Instant::now();
+                }
+                (0x7, _) => panic!("the plane sent GOAWAY before a PING"),
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(40), read)
+        .await
+        .expect("a PING within 40 s")
+}
