@@ -665,6 +665,31 @@ fn a_second_remote_rush_that_asks_for_another_address_is_refused_naming_the_one_
     let same_id = start_holding_rush(d, &same, "rc", &swarm_cfg(port));
     stop_and_sweep(d, &same, "rc", &same_id);
     stop_and_sweep(d, &first, "ra", &first_id);
+    // Once no remote rush uses it, the plane moves to the address the next rush asks for.
+    let next = TestRepo::new();
+    next.write_graph("rd", &graph_12("rd"));
+    next.configure(&swarm_cfg(other_port));
+    let mut last = String::new();
+    let started = poll(std::time::Duration::from_secs(30), || {
+        let out = d.ctl_in(&next.path, &["rush", "rd", "--mode", "swarm", "--detach"]);
+        last = String::from_utf8_lossy(&out.stderr).to_string();
+        out.status.success()
+    });
+    assert!(
+        started,
+        "the plane stayed on {served} after its rushes ended: {last}"
+    );
+    assert!(
+        poll(std::time::Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", other_port)).is_ok()
+        }),
+        "nothing listens on the new address"
+    );
+    let next_id = d.status(&next.path, "rd").expect("status")["rush_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    stop_and_sweep(d, &next, "rd", &next_id);
 }
 
 /// The TCP plane sends HTTP/2 keepalive pings every 20 s (docs/Remote-Workers.md,

@@ -26,7 +26,9 @@ impl Supervisor {
     }
 
     /// Serves the TCP worker plane of remote workers with `cfg` (idempotent). One zergd serves
-    /// one address: a rush that asks for another is told so.
+    /// one address at a time: a rush that asks for another while a remote rush held whole (one
+    /// that runs, is paused, or still has a worker) uses the current one is told so; once none
+    /// does, the old plane is closed and the new address served.
     fn ensure_remote_plane(
         &mut self,
         cfg: &crate::config::RemoteConfig,
@@ -36,6 +38,18 @@ impl Supervisor {
         {
             if p.listen == cfg.listen && p.url == cfg.url() {
                 return Ok(());
+            }
+            let in_use = self.rushes.values().any(|r| {
+                r.doc.rush.mode.is_remote()
+                    && r.config.remote.listen == p.listen
+                    && r.config.remote.url() == p.url
+            });
+            if !in_use {
+                // No rush held whole needs the old address any more: serve the new one.
+                tracing::info!(listen = %p.listen, "no rush uses the TCP worker plane any more: closing it");
+                p.task.abort();
+                self.remote_plane = None;
+                return self.ensure_remote_plane(cfg);
             }
             return Err(SupervisorError::failed_precondition(format!(
                 "this zergd serves remote workers on {} ({}); remote.listen {} with remote.advertise_url {:?} needs that rush to end or zergd to restart",
