@@ -132,6 +132,142 @@ pub fn docker_or_skip() -> bool {
     }
 }
 
+/// The Kubernetes release whose API schemas [`kubernetes_validate`] checks objects against:
+/// the newest the `kubernetes-validate` package (1.37.0, which `.ci/run` installs) ships.
+pub const KUBERNETES_SCHEMA_VERSION: &str = "1.37.0";
+
+/// Validates each JSON file in `files` (one Kubernetes object each, as sent to an API server)
+/// strictly (no property the schema lacks) against the API schemas of
+/// [`KUBERNETES_SCHEMA_VERSION`], with `python3.12 -m kubernetes_validate` under
+/// `PYENV_VERSION=3.12.1`, the interpreter `.ci/run` installs it into. `None` when that tool
+/// is not installed here (the caller [`skip`]s); otherwise every complaint, a kind with no
+/// schema included.
+pub fn kubernetes_validate(files: &[std::path::PathBuf]) -> Option<Result<(), String>> {
+    let python = || {
+        let mut c = Command::new("python3.12");
+        c.env("PYENV_VERSION", "3.12.1")
+            .args(["-m", "kubernetes_validate"])
+            .stdin(Stdio::null());
+        c
+    };
+    let installed = python()
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        return None;
+    }
+    let out = python()
+        .args(["--strict", "--quiet", "--kubernetes-version"])
+        .arg(KUBERNETES_SCHEMA_VERSION)
+        .args(files)
+        .output()
+        .expect("python3.12 runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!("kubernetes-validate ({}): {said}", out.status))
+    })
+}
+
+/// What a pod spec (`PodSpec` as JSON) breaks of the Pod Security Standards' **restricted**
+/// profile (and of its baseline, which restricted includes): for the pod and each container,
+/// `runAsNonRoot: true`, `allowPrivilegeEscalation: false`, capabilities dropping `ALL` and
+/// adding at most `NET_BIND_SERVICE`, a `RuntimeDefault` or `Localhost` seccomp profile, not
+/// privileged, no root uid; no host network, PID or IPC namespace, no host port, no sysctl,
+/// and only the volume types the profile allows. Empty when it complies.
+pub fn restricted_pod_violations(pod: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    let mut bad = Vec::new();
+    for key in ["hostNetwork", "hostPID", "hostIPC"] {
+        if pod[key] == Value::Bool(true) {
+            bad.push(format!("{key} is true"));
+        }
+    }
+    if pod["securityContext"]["sysctls"]
+        .as_array()
+        .is_some_and(|s| !s.is_empty())
+    {
+        bad.push("the pod sets sysctls".into());
+    }
+    const VOLUMES: &[&str] = &[
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    ];
+    for v in pod["volumes"].as_array().into_iter().flatten() {
+        let kinds: Vec<&String> = v
+            .as_object()
+            .into_iter()
+            .flat_map(|o| o.keys())
+            .filter(|k| *k != "name")
+            .collect();
+        if kinds.len() != 1 || !VOLUMES.contains(&kinds[0].as_str()) {
+            bad.push(format!("volume {} is of type {kinds:?}", v["name"]));
+        }
+    }
+    let pod_sc = &pod["securityContext"];
+    let seccomp_ok = |t: &Value| matches!(t.as_str(), Some("RuntimeDefault") | Some("Localhost"));
+    let containers = ["initContainers", "containers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default());
+    for c in containers {
+        let name = c["name"].as_str().unwrap_or("?").to_string();
+        let sc = &c["securityContext"];
+        let either = |k: &str| {
+            if sc[k].is_null() {
+                pod_sc[k].clone()
+            } else {
+                sc[k].clone()
+            }
+        };
+        if either("runAsNonRoot") != Value::Bool(true) {
+            bad.push(format!("{name}: runAsNonRoot is not true"));
+        }
+        if either("runAsUser").as_i64() == Some(0) {
+            bad.push(format!("{name}: runAsUser is 0"));
+        }
+        if sc["allowPrivilegeEscalation"] != Value::Bool(false) {
+            bad.push(format!("{name}: allowPrivilegeEscalation is not false"));
+        }
+        if sc["privileged"] == Value::Bool(true) {
+            bad.push(format!("{name}: privileged"));
+        }
+        if !sc["capabilities"]["drop"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|c| c == "ALL"))
+        {
+            bad.push(format!("{name}: capabilities do not drop ALL"));
+        }
+        for add in sc["capabilities"]["add"].as_array().into_iter().flatten() {
+            if add != "NET_BIND_SERVICE" {
+                bad.push(format!("{name}: adds capability {add}"));
+            }
+        }
+        if !seccomp_ok(&either("seccompProfile")["type"]) {
+            bad.push(format!(
+                "{name}: seccompProfile is not RuntimeDefault or Localhost"
+            ));
+        }
+        for p in c["ports"].as_array().into_iter().flatten() {
+            if p["hostPort"].as_i64().is_some_and(|h| h != 0) {
+                bad.push(format!("{name}: hostPort {}", p["hostPort"]));
+            }
+        }
+    }
+    bad
+}
+
 /// A single-node Docker swarm for one test (`docker swarm init --advertise-addr 127.0.0.1`, so
 /// its traffic stays on loopback). Tests in other processes that need one wait for this one to
 /// end (a lock directory under the temporary dir, taken over when its holder is gone), and the
@@ -224,6 +360,66 @@ mod tests {
             git(dir.path(), &["log", "-1", "--format=%an <%ae>|%cn <%ce>"]),
             "zerg test <test@zerg.invalid>|zerg test <test@zerg.invalid>"
         );
+    }
+
+    #[test]
+    fn a_restricted_pod_passes_and_each_breach_of_the_profile_is_named() {
+        let good = serde_json::json!({
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 10001,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "w", "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}}],
+            "volumes": [{"name": "t", "secret": {"secretName": "s"}},
+                        {"name": "w", "emptyDir": {}}],
+        });
+        assert_eq!(restricted_pod_violations(&good), Vec::<String>::new());
+        let breaches: &[(&str, serde_json::Value)] = &[
+            ("/hostNetwork", true.into()),
+            ("/hostPID", true.into()),
+            ("/hostIPC", true.into()),
+            ("/securityContext/runAsNonRoot", false.into()),
+            ("/securityContext/runAsUser", 0.into()),
+            ("/securityContext/seccompProfile/type", "Unconfined".into()),
+            (
+                "/securityContext/sysctls",
+                serde_json::json!([{"name": "a", "value": "1"}]),
+            ),
+            (
+                "/containers/0/securityContext/allowPrivilegeEscalation",
+                true.into(),
+            ),
+            ("/containers/0/securityContext/privileged", true.into()),
+            (
+                "/containers/0/securityContext/capabilities/drop",
+                serde_json::json!([]),
+            ),
+            (
+                "/containers/0/securityContext/capabilities/add",
+                serde_json::json!(["SYS_ADMIN"]),
+            ),
+            (
+                "/containers/0/ports",
+                serde_json::json!([{"containerPort": 80, "hostPort": 80}]),
+            ),
+            (
+                "/volumes/1",
+                serde_json::json!({"name": "h", "hostPath": {"path": "/"}}),
+            ),
+        ];
+        for (pointer, value) in breaches {
+            let mut pod = good.clone();
+            let (parent, key) = pointer.rsplit_once('/').unwrap();
+            let slot = pod.pointer_mut(parent).unwrap();
+            match slot {
+                serde_json::Value::Array(a) => a[key.parse::<usize>().unwrap()] = value.clone(),
+                _ => slot[key] = value.clone(),
+            }
+            assert!(
+                !restricted_pod_violations(&pod).is_empty(),
+                "{pointer} = {value} passed"
+            );
+        }
     }
 
     #[test]

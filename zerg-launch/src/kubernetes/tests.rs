@@ -217,29 +217,33 @@ fn pod_exits_map_to_worker_exits() {
     );
 }
 
+/// An API server that creates whatever it is sent (a Job gets the uid `uid-1`), starts Jobs,
+/// and has no pod yet.
+fn accepting(s: &Seen) -> Reply {
+    let jobs = "/apis/batch/v1/namespaces/default/jobs";
+    if s.is("POST", jobs) {
+        let mut job = s.body.clone();
+        job["metadata"]["uid"] = json!("uid-1");
+        job["metadata"]["namespace"] = json!("default");
+        Reply::Json(201, job)
+    } else if s.method == "POST" {
+        Reply::Json(201, s.body.clone())
+    } else if s.method == "PATCH" {
+        Reply::Json(
+            200,
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": "j", "uid": "uid-1"}}),
+        )
+    } else if s.path.ends_with("/pods") && !s.query.contains("watch=true") {
+        pod_list(vec![])
+    } else {
+        Reply::Hold
+    }
+}
+
 #[tokio::test]
 async fn spawn_creates_the_job_then_its_owned_secret_and_config_map() {
-    let (client, log) = mock(|s| {
-        let jobs = "/apis/batch/v1/namespaces/default/jobs";
-        if s.is("POST", jobs) {
-            let mut job = s.body.clone();
-            job["metadata"]["uid"] = json!("uid-1");
-            job["metadata"]["namespace"] = json!("default");
-            Reply::Json(201, job)
-        } else if s.method == "POST" {
-            Reply::Json(201, s.body.clone())
-        } else if s.method == "PATCH" {
-            Reply::Json(
-                200,
-                json!({"apiVersion": "batch/v1", "kind": "Job",
-                                    "metadata": {"name": "j", "uid": "uid-1"}}),
-            )
-        } else if s.path.ends_with("/pods") && !s.query.contains("watch=true") {
-            pod_list(vec![])
-        } else {
-            Reply::Hold
-        }
-    });
+    let (client, log) = mock(accepting);
     let settings = KubernetesSettings {
         service_account: Some("zerg-worker".into()),
         node_selector: BTreeMap::from([("pool".into(), "agents".into())]),
@@ -627,6 +631,11 @@ fn watched(events: Vec<Value>) -> (Client, Log) {
 
 /// Watches `job-a` and returns its exits, waiting a little after the first for any other.
 async fn exits_of(launcher: &KubernetesLauncher) -> Vec<ExitInfo> {
+    exits_within(launcher, 500).await
+}
+
+/// [`exits_of`], looking `polls` times, 10 ms apart, for a first exit.
+async fn exits_within(launcher: &KubernetesLauncher, polls: usize) -> Vec<ExitInfo> {
     let exits: Arc<Mutex<Vec<ExitInfo>>> = Arc::default();
     let sink = exits.clone();
     let worker = Spawned {
@@ -634,7 +643,7 @@ async fn exits_of(launcher: &KubernetesLauncher) -> Vec<ExitInfo> {
         ..Spawned::default()
     };
     launcher.watch(worker, Box::new(move |e| sink.lock().unwrap().push(e)));
-    for _ in 0..500 {
+    for _ in 0..polls {
         if !exits.lock().unwrap().is_empty() {
             break;
         }
@@ -679,4 +688,341 @@ async fn watch_of_a_job_gone_reports_vanished() {
     let (client, _log) = mock(|_| not_found());
     let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
     assert_eq!(exits_of(&launcher).await, [ExitInfo::Vanished]);
+}
+
+// === A cluster that answers per selector and replays watch sequences ===
+
+/// The `labelSelector` of a request, decoded.
+fn selector_of(s: &Seen) -> Option<String> {
+    s.query.split('&').find_map(|kv| {
+        let v = kv.strip_prefix("labelSelector=")?;
+        Some(
+            v.replace("%3D", "=")
+                .replace("%2F", "/")
+                .replace("%2C", ","),
+        )
+    })
+}
+
+/// A pod of the Job whose uid is `job_uid`, labelled the way the Job controller labels it.
+fn pod_of(name: &str, job_uid: &str, status: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "resourceVersion": "7",
+                        "labels": {JOB_UID_LABEL: job_uid, "zerg.worker": "1"}},
+           "status": status})
+}
+
+/// One line of a watch response.
+fn event(kind: &str, object: &Value) -> String {
+    format!("{}\n", json!({"type": kind, "object": object}))
+}
+
+/// The watch error an API server sends when the resource version asked for is too old.
+fn gone() -> String {
+    event(
+        "ERROR",
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                "code": 410, "message": "too old resource version: 1 (9)"}),
+    )
+}
+
+/// A namespace holding Job `job-a` (uid `uid-job-a`) and another Job's pod, which has exited
+/// 9. Pod lists are answered per label selector: the `n`th list of the Job's pods gets
+/// `lists[n]` (the last one again after), the `n`th watch replays `watches[n]` (later ones
+/// stay open). Any other selector, or none, gets only the pods it matches.
+fn cluster(lists: Vec<Vec<Value>>, watches: Vec<String>) -> (Client, Log) {
+    let other = pod_of("other-pod", "uid-other", terminated(9, "Error"));
+    let (mut listed, mut watched) = (0, 0);
+    mock(move |s| {
+        if s.is("GET", "/apis/batch/v1/namespaces/default/jobs/job-a") {
+            return Reply::Json(200, job("job-a", "rush-0001", 1, 1, None));
+        }
+        if !s.is("GET", "/api/v1/namespaces/default/pods") {
+            return not_found();
+        }
+        let ours = selector_of(s).as_deref() == Some(&format!("{JOB_UID_LABEL}=uid-job-a"));
+        if s.query.contains("watch=true") {
+            if !ours {
+                return Reply::Hold;
+            }
+            watched += 1;
+            return match watches.get(watched - 1) {
+                Some(lines) => Reply::Raw(200, lines.clone()),
+                None => Reply::Hold,
+            };
+        }
+        let items = if ours {
+            listed += 1;
+            lists[(listed - 1).min(lists.len() - 1)].clone()
+        } else if selector_of(s).is_none_or(|l| l == format!("{JOB_UID_LABEL}=uid-other")) {
+            vec![other.clone()]
+        } else {
+            vec![]
+        };
+        pod_list(items)
+    })
+}
+
+#[tokio::test]
+async fn watch_follows_added_modified_deleted_of_the_jobs_own_pods() {
+    let pending = pod_of("job-a-1", "uid-job-a", json!({"phase": "Pending"}));
+    let up = pod_of("job-a-1", "uid-job-a", running());
+    let script = event("ADDED", &pending) + &event("MODIFIED", &up) + &event("DELETED", &up);
+    let (client, log) = cluster(vec![vec![]], vec![script]);
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    // A pod deleted while it ran is a worker that vanished; the other Job's exited pod is not
+    // this worker's exit.
+    assert_eq!(exits_of(&launcher).await, [ExitInfo::Vanished]);
+    let log = log.lock().unwrap().clone();
+    assert!(!log.iter().any(|s| s.method == "DELETE"), "{log:#?}");
+
+    // A pod deleted after its container ended reports how it ended.
+    let done = pod_of("job-a-1", "uid-job-a", terminated(0, "Completed"));
+    let script = event("ADDED", &up) + &event("DELETED", &done);
+    let (client, _) = cluster(vec![vec![]], vec![script]);
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    assert_eq!(exits_of(&launcher).await, [ExitInfo::Code(0)]);
+}
+
+#[tokio::test]
+async fn watch_lists_again_after_410_gone_and_reads_the_exit_from_the_new_list() {
+    let up = pod_of("job-a-1", "uid-job-a", running());
+    let done = pod_of("job-a-1", "uid-job-a", terminated(4, "Error"));
+    let (client, log) = cluster(vec![vec![up], vec![done]], vec![gone()]);
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    assert_eq!(exits_of(&launcher).await, [ExitInfo::Code(4)]);
+    let lists: Vec<_> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path.ends_with("/pods") && !s.query.contains("watch=true"))
+        .cloned()
+        .collect();
+    assert_eq!(lists.len(), 2, "{lists:#?}");
+    for l in &lists {
+        assert_eq!(
+            selector_of(l).as_deref(),
+            Some("batch.kubernetes.io/controller-uid=uid-job-a")
+        );
+    }
+}
+
+/// A namespace where Job `job-a` runs with no pod it can be told by, until its second read,
+/// which gets `later`; the Job's pods are listed as `lists` in turn (the last again after),
+/// and every watch stays open.
+fn job_changes_to(later: Option<Value>, lists: Vec<Vec<Value>>) -> (Client, Log) {
+    let (mut reads, mut listed) = (0, 0);
+    mock(move |s| {
+        if s.is("GET", "/apis/batch/v1/namespaces/default/jobs/job-a") {
+            reads += 1;
+            return match (reads, &later) {
+                (1, _) => Reply::Json(200, job("job-a", "rush-0001", 1, 1, None)),
+                (_, Some(job)) => Reply::Json(200, job.clone()),
+                (_, None) => not_found(),
+            };
+        }
+        if s.is("GET", "/api/v1/namespaces/default/pods") && !s.query.contains("watch=true") {
+            listed += 1;
+            return pod_list(lists[(listed - 1).min(lists.len() - 1)].clone());
+        }
+        Reply::Hold
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_finishes_or_goes_without_a_pod_event_is_read_from_the_job() {
+    // Every 30 s the watch also reads the Job: failed with no pod left, complete, deleted,
+    // deleted and created again under the same name (another uid).
+    let failed = job("job-a", "rush-0001", 1, 1, Some("Failed"));
+    let complete = job("job-a", "rush-0001", 1, 1, Some("Complete"));
+    let mut replaced = job("job-a", "rush-0001", 1, 1, None);
+    replaced["metadata"]["uid"] = json!("uid-new");
+    for (later, want) in [
+        (Some(failed.clone()), ExitInfo::Code(1)),
+        (Some(complete), ExitInfo::Code(0)),
+        (None, ExitInfo::Vanished),
+        (Some(replaced), ExitInfo::Vanished),
+    ] {
+        let (client, log) = job_changes_to(later.clone(), vec![vec![]]);
+        let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+        assert_eq!(exits_within(&launcher, 6000).await, [want], "{later:#?}");
+        let reads = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.is("GET", "/apis/batch/v1/namespaces/default/jobs/job-a"))
+            .count();
+        assert!(reads >= 2, "{reads}");
+    }
+    // A failed Job whose pod is still listed reports the pod's own exit.
+    let (client, _) = job_changes_to(
+        Some(failed),
+        vec![
+            vec![],
+            vec![pod_of("job-a-1", "uid-job-a", terminated(5, "Error"))],
+        ],
+    );
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    assert_eq!(exits_within(&launcher, 6000).await, [ExitInfo::Code(5)]);
+}
+
+/// An API server that answers the first create of a Job with 409 AlreadyExists, shows `old`
+/// under that name until it is deleted, and then accepts as [`accepting`] does.
+fn with_leftover(old: Value) -> (Client, Log) {
+    let (mut posts, mut deleted) = (0, false);
+    mock(move |s| {
+        let jobs = "/apis/batch/v1/namespaces/default/jobs";
+        let name = job_name(&spec());
+        if s.is("POST", jobs) {
+            posts += 1;
+            if posts == 1 {
+                return Reply::Json(
+                    409,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                           "reason": "AlreadyExists", "code": 409,
+                           "message": format!("jobs.batch \"{name}\" already exists")}),
+                );
+            }
+        } else if s.is("GET", &format!("{jobs}/{name}")) {
+            return if deleted {
+                not_found()
+            } else {
+                Reply::Json(200, old.clone())
+            };
+        } else if s.is("DELETE", &format!("{jobs}/{name}")) {
+            deleted = true;
+            return Reply::Json(200, old.clone());
+        }
+        accepting(s)
+    })
+}
+
+#[tokio::test]
+async fn a_leftover_job_of_the_rush_is_deleted_and_created_again_and_another_is_left_alone() {
+    let name = job_name(&spec());
+    let (client, log) = with_leftover(job(&name, "rush-0001", 2, 5, Some("Failed")));
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    launcher.spawn(spec(), Box::new(|_| {})).await.unwrap();
+    let log = log.lock().unwrap().clone();
+    let calls: Vec<_> = log
+        .iter()
+        .take(8)
+        .map(|s| format!("{} {}", s.method, s.path))
+        .collect();
+    let job_path = format!("/apis/batch/v1/namespaces/default/jobs/{name}");
+    assert_eq!(
+        calls,
+        [
+            "POST /apis/batch/v1/namespaces/default/jobs".to_string(),
+            format!("GET {job_path}"),
+            format!("DELETE {job_path}"),
+            format!("GET {job_path}"),
+            "POST /apis/batch/v1/namespaces/default/jobs".to_string(),
+            "POST /api/v1/namespaces/default/secrets".to_string(),
+            "POST /api/v1/namespaces/default/configmaps".to_string(),
+            format!("PATCH {job_path}"),
+        ]
+    );
+    assert_eq!(log[2].body["propagationPolicy"], "Foreground");
+
+    // A Job of that name that is not the rush's is not zergd's to delete.
+    let mut foreign = job(&name, "rush-0001", 2, 5, None);
+    foreign["metadata"]["labels"] = json!({"app": "someone-else"});
+    let (client, log) = with_leftover(foreign);
+    let launcher = KubernetesLauncher::new(client, KubernetesSettings::default());
+    let err = launcher.spawn(spec(), Box::new(|_| {})).await.unwrap_err();
+    assert!(
+        err.message.contains("zergd did not create it"),
+        "{}",
+        err.message
+    );
+    let log = log.lock().unwrap().clone();
+    assert!(!log.iter().any(|s| s.method == "DELETE"), "{log:#?}");
+}
+
+/// Spawns a worker with `settings` against [`accepting`] and returns the objects it sent, as
+/// sent: the Job (and the Job once started), the Secret, the ConfigMap.
+async fn objects_sent(settings: KubernetesSettings) -> Vec<Value> {
+    let (client, log) = mock(accepting);
+    let launcher = KubernetesLauncher::new(client, settings);
+    launcher.spawn(spec(), Box::new(|_| {})).await.unwrap();
+    let log = log.lock().unwrap().clone();
+    let mut objects: Vec<Value> = log
+        .iter()
+        .filter(|s| s.method == "POST")
+        .map(|s| s.body.clone())
+        .collect();
+    // The Job as it runs: the merge patch that starts it applied.
+    let patch = log.iter().find(|s| s.method == "PATCH").unwrap();
+    let mut started = objects[0].clone();
+    started["spec"]["suspend"] = patch.body["spec"]["suspend"].clone();
+    objects.push(started);
+    objects
+}
+
+#[tokio::test]
+async fn every_object_spawn_sends_passes_the_api_schemas_and_the_restricted_pod_profile() {
+    let full = KubernetesSettings {
+        service_account: Some("zerg-worker".into()),
+        node_selector: BTreeMap::from([("pool".into(), "agents".into())]),
+        cpu_request: Some("500m".into()),
+        memory_request: Some("1Gi".into()),
+        cpu_limit: Some("2".into()),
+        memory_limit: Some("4Gi".into()),
+        ..KubernetesSettings::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (n, settings) in [KubernetesSettings::default(), full]
+        .into_iter()
+        .enumerate()
+    {
+        let objects = objects_sent(settings).await;
+        let kinds: Vec<_> = objects.iter().map(|o| o["kind"].clone()).collect();
+        assert_eq!(
+            kinds,
+            [
+                json!("Job"),
+                json!("Secret"),
+                json!("ConfigMap"),
+                json!("Job")
+            ]
+        );
+        for (i, o) in objects.iter().enumerate() {
+            let file = dir
+                .path()
+                .join(format!("{n}-{i}-{}.json", o["kind"].as_str().unwrap()));
+            std::fs::write(&file, o.to_string()).unwrap();
+            files.push(file);
+        }
+        let job = &objects[3];
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(
+            zerg_proto::testkit::restricted_pod_violations(pod),
+            Vec::<String>::new(),
+            "{pod:#}"
+        );
+        // What docs/Remote-Workers.md promises besides the profile.
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        assert_eq!(pod["enableServiceLinks"], false);
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(job["spec"]["backoffLimit"], 0);
+        // The labels a restarted zergd lists the rush's Jobs by, on the Job and on its pods.
+        let labels = json!({"zerg.rush": rush_hash("rush-0001"), "zerg.worker": "2",
+                            "zerg.generation": "5"});
+        assert_eq!(job["metadata"]["labels"], labels);
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"], labels);
+        assert_eq!(objects[1]["metadata"]["labels"], labels);
+        assert_eq!(objects[2]["metadata"]["labels"], labels);
+    }
+    match zerg_proto::testkit::kubernetes_validate(&files) {
+        Some(verdict) => verdict.unwrap(),
+        None => zerg_proto::testkit::skip(
+            "python3.12 -m kubernetes_validate is not installed (PYENV_VERSION=3.12.1 python3.12 -m pip install kubernetes-validate==1.37.0)",
+        ),
+    }
 }
