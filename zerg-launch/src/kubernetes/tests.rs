@@ -704,11 +704,15 @@ fn selector_of(s: &Seen) -> Option<String> {
     })
 }
 
+/// The label the Job controller puts on a Job's pods, as the API server knows it (spelled out
+/// here, so a launcher that asks for another label is served nothing).
+const CONTROLLER_UID: &str = "batch.kubernetes.io/controller-uid";
+
 /// A pod of the Job whose uid is `job_uid`, labelled the way the Job controller labels it.
 fn pod_of(name: &str, job_uid: &str, status: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "resourceVersion": "7",
-                        "labels": {JOB_UID_LABEL: job_uid, "zerg.worker": "1"}},
+                        "labels": {CONTROLLER_UID: job_uid, "zerg.worker": "1"}},
            "status": status})
 }
 
@@ -740,7 +744,7 @@ fn cluster(lists: Vec<Vec<Value>>, watches: Vec<String>) -> (Client, Log) {
         if !s.is("GET", "/api/v1/namespaces/default/pods") {
             return not_found();
         }
-        let ours = selector_of(s).as_deref() == Some(&format!("{JOB_UID_LABEL}=uid-job-a"));
+        let ours = selector_of(s).as_deref() == Some(&format!("{CONTROLLER_UID}=uid-job-a"));
         if s.query.contains("watch=true") {
             if !ours {
                 return Reply::Hold;
@@ -754,7 +758,7 @@ fn cluster(lists: Vec<Vec<Value>>, watches: Vec<String>) -> (Client, Log) {
         let items = if ours {
             listed += 1;
             lists[(listed - 1).min(lists.len() - 1)].clone()
-        } else if selector_of(s).is_none_or(|l| l == format!("{JOB_UID_LABEL}=uid-other")) {
+        } else if selector_of(s).is_none_or(|l| l == format!("{CONTROLLER_UID}=uid-other")) {
             vec![other.clone()]
         } else {
             vec![]
