@@ -978,6 +978,113 @@ impl Drop for MessagesApi {
     }
 }
 
+/// A running `kube-api` stand-in for a Kubernetes API server, recording what it is sent into
+/// a directory of its own; killed when dropped, with the containers it ran for pods.
+pub struct KubeApi {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl KubeApi {
+    /// Starts the stand-in and waits until it listens.
+    pub fn start() -> KubeApi {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(bin_dir().join("kube-api"))
+            .arg("--record")
+            .arg(dir.path().join("record"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kube-api starts");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("kube-api prints its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("kube-api said {line:?}"))
+            .to_string();
+        KubeApi { child, addr, dir }
+    }
+
+    /// Writes a kubeconfig whose cluster is the stand-in, with `namespace` as the context's,
+    /// and returns its path (for `KUBECONFIG`).
+    pub fn kubeconfig(&self, namespace: &str) -> PathBuf {
+        let path = self.dir.path().join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: http://{}\nusers:\n- name: zergd\n  user: {{}}\ncontexts:\n- name: stand-in\n  context:\n    cluster: stand-in\n    user: zergd\n    namespace: {namespace}\ncurrent-context: stand-in\n",
+            self.addr
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Every object created so far, as it was sent, in order.
+    pub fn objects(&self) -> Vec<(PathBuf, Value)> {
+        let dir = self.dir.path().join("record/objects");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+            .into_iter()
+            .map(|f| {
+                let v = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+                (f, v)
+            })
+            .collect()
+    }
+
+    /// The requests served so far, one line each: `METHOD PATH?QUERY STATUS` (a watch is
+    /// `WATCH`).
+    pub fn requests(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("record/requests.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// `GET path` (with its query) and the JSON answered.
+    pub fn get(&self, path: &str) -> Value {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let port = self.addr.rsplit(':').next().unwrap_or_default();
+        let label = format!("label=zerg.kube-api={port}");
+        if let Ok(out) = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &label])
+            .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", "-v", id]).output();
+            }
+        }
+    }
+}
+
 /// The files a zerg task prompt's `## Files` section names: `(create, modify)`.
 pub fn owned_files(prompt: &str) -> (Vec<String>, Vec<String>) {
     let (mut create, mut modify) = (Vec::new(), Vec::new());

@@ -10,6 +10,7 @@ mod coverage;
 mod gates;
 mod gitcore;
 mod hostile;
+mod kubernetes;
 mod longrun;
 mod machines;
 mod realcli;
