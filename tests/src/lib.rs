@@ -1053,12 +1053,28 @@ impl KubeApi {
 
     /// `GET path` (with its query) and the JSON answered.
     pub fn get(&self, path: &str) -> Value {
+        self.call("GET", path, &Value::Null)
+    }
+
+    /// Creates `object` in the collection at `path` as a test's own (not recorded among the
+    /// objects zergd sent) and returns the answer.
+    pub fn plant(&self, path: &str, object: &Value) -> Value {
+        self.call("POST", &format!("{path}?unrecorded=1"), object)
+    }
+
+    fn call(&self, method: &str, path: &str, body: &Value) -> Value {
         use std::io::{Read, Write};
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
         let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
-            self.addr
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
         )
         .unwrap();
         let mut answer = String::new();

@@ -19,7 +19,8 @@
 //! condition. Deleting a Job removes its pods' containers and the Secrets and ConfigMaps it
 //! owns.
 //!
-//! `--record DIR` writes every object created, as received, to `DIR/objects/NNNN-<kind>.json`,
+//! `--record DIR` writes every object created, as received, to `DIR/objects/NNNN-<kind>.json`
+//! (except those a test plants, with the query parameter `unrecorded`),
 //! and one line per request (`METHOD PATH?QUERY STATUS`) to `DIR/requests.log`. Containers
 //! carry the label `zerg.kube-api=<port>`.
 
@@ -334,7 +335,8 @@ impl Server {
         let key = |n: &str| (collection.to_string(), ns.to_string(), n.to_string());
         match (method, name) {
             ("POST", None) => {
-                if let Some(dir) = &self.record {
+                let recorded = !query.contains_key("unrecorded");
+                if let Some(dir) = self.record.as_ref().filter(|_| recorded) {
                     st.recorded += 1;
                     let file = dir
                         .join("objects")

@@ -98,9 +98,23 @@ fn a_twelve_task_kubernetes_rush_sends_valid_restricted_objects_and_survives_zer
         rush_id
     );
 
-    // zergd is killed while the pods run, and comes back.
+    // zergd is killed while the pods run. Meanwhile a Job of the rush appears that zergd
+    // never recorded (a slot and generation it does not know), and a Job of another rush.
     d.kill9();
     let requests_before = api.requests().len();
+    let jobs_path = format!("/apis/batch/v1/namespaces/{NAMESPACE}/jobs");
+    let planted = |name: &str, label: &str| {
+        let mut job = jobs_before[0].clone();
+        job["metadata"]["name"] = json!(name);
+        job["metadata"]["labels"] =
+            json!({"zerg.rush": label, "zerg.worker": "9", "zerg.generation": "1"});
+        job["spec"]["suspend"] = json!(true);
+        let created = api.plant(&jobs_path, &job);
+        assert_eq!(created["metadata"]["name"], name, "{created}");
+    };
+    let orphan = format!("zerg-{rush_label}-w9-g1");
+    planted(&orphan, &rush_label);
+    planted("zerg-000000000000-w9-g1", "000000000000");
     std::thread::sleep(std::time::Duration::from_millis(500));
     d.restart();
     let st = d.wait_end(&repo.path, "ku", T);
@@ -181,7 +195,21 @@ fn a_twelve_task_kubernetes_rush_sends_valid_restricted_objects_and_survives_zer
     };
     assert!(
         poll(T, || everything().is_empty()),
-        "left behind: {:?}",
-        everything()
+        "left behind: {:?}\n{:#?}\n{}",
+        everything(),
+        &api.requests()[requests_before..],
+        d.log()
+    );
+    // The Job zergd never recorded was found by the rush's label and deleted; another
+    // rush's Job is not this rush's to delete.
+    assert!(
+        requests[requests_before..]
+            .iter()
+            .any(|r| r.starts_with(&format!("DELETE {jobs_path}/{orphan}?"))),
+        "the Job zergd never recorded was not deleted: {requests:#?}"
+    );
+    assert_eq!(
+        api.get(&format!("{jobs_path}/zerg-000000000000-w9-g1"))["kind"],
+        "Job"
     );
 }
