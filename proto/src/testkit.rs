@@ -107,6 +107,20 @@ pub fn docker_engine() -> Result<(), String> {
     }
 }
 
+/// Runs `docker <args>`: its stdout, trimmed, or its stderr, trimmed, when it fails.
+pub fn docker_cli(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
 /// Whether a missing Docker engine fails a test rather than skipping it: under CI
 /// ([`skipping_forbidden`]) or with `ZERG_REQUIRE_DOCKER=1`.
 pub fn docker_required() -> bool {
@@ -175,6 +189,21 @@ pub fn kubernetes_validate(files: &[std::path::PathBuf]) -> Option<Result<(), St
     })
 }
 
+/// A container's security setting `key` as Kubernetes applies it: the container's own
+/// `securityContext` value, or else the pod's (`pod` is a pod spec).
+pub fn effective_security(
+    pod: &serde_json::Value,
+    container: &serde_json::Value,
+    key: &str,
+) -> serde_json::Value {
+    let own = &container["securityContext"][key];
+    if own.is_null() {
+        pod["securityContext"][key].clone()
+    } else {
+        own.clone()
+    }
+}
+
 /// What a pod spec (`PodSpec` as JSON) breaks of the Pod Security Standards' **restricted**
 /// profile (and of its baseline, which restricted includes): for the pod and each container,
 /// `runAsNonRoot: true`, `allowPrivilegeEscalation: false`, capabilities dropping `ALL` and
@@ -216,7 +245,6 @@ pub fn restricted_pod_violations(pod: &serde_json::Value) -> Vec<String> {
             bad.push(format!("volume {} is of type {kinds:?}", v["name"]));
         }
     }
-    let pod_sc = &pod["securityContext"];
     let seccomp_ok = |t: &Value| matches!(t.as_str(), Some("RuntimeDefault") | Some("Localhost"));
     let containers = ["initContainers", "containers", "ephemeralContainers"]
         .iter()
@@ -224,13 +252,7 @@ pub fn restricted_pod_violations(pod: &serde_json::Value) -> Vec<String> {
     for c in containers {
         let name = c["name"].as_str().unwrap_or("?").to_string();
         let sc = &c["securityContext"];
-        let either = |k: &str| {
-            if sc[k].is_null() {
-                pod_sc[k].clone()
-            } else {
-                sc[k].clone()
-            }
-        };
+        let either = |k: &str| effective_security(pod, &c, k);
         if either("runAsNonRoot") != Value::Bool(true) {
             bad.push(format!("{name}: runAsNonRoot is not true"));
         }

@@ -765,6 +765,76 @@ pub fn graph_wide(feature: &str, levels: u32, per_level: u32) -> String {
     serde_json::json!({"feature": feature, "tasks": tasks}).to_string()
 }
 
+/// The HTTP/1.1 requests the stand-in servers (`messages-api`, `kube-api`) read: one at a time
+/// per connection, a body by `Content-Length` or chunked.
+pub mod http1 {
+    use std::io::BufRead;
+
+    /// One request as read.
+    pub struct Request {
+        /// `GET`, `POST`, …
+        pub method: String,
+        /// The path and query, as sent.
+        pub target: String,
+        /// The body, de-chunked.
+        pub body: Vec<u8>,
+    }
+
+    /// Reads the next request from `r`; `None` when the peer closed the connection first.
+    pub fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(None);
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let target = parts.next().unwrap_or("").to_string();
+        let mut length = 0usize;
+        let mut chunked = false;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h)? == 0 {
+                break;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                if k == "content-length" {
+                    length = v.parse().unwrap_or(0);
+                } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                    chunked = true;
+                }
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size)?;
+                let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
+                    .unwrap_or(0);
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk)?;
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+        } else {
+            body.resize(length, 0);
+            r.read_exact(&mut body)?;
+        }
+        Ok(Some(Request {
+            method,
+            target,
+            body,
+        }))
+    }
+}
+
 /// What `/proc` says of one process: memory and CPU.
 pub mod procfs {
     /// Resident set size and its peak (VmHWM), in KiB.

@@ -25,7 +25,7 @@
 //! carry the label `zerg.kube-api=<port>`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -33,6 +33,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use zerg_proto::testkit::{docker_cli as docker, effective_security};
 
 /// The kinds served, by the collection name in the path.
 const KINDS: &[(&str, &str, &str)] = &[
@@ -130,15 +131,12 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The next request on the connection, its query split into decoded pairs.
 fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
+    let Some(raw) = zerg_tests::http1::read_request(r)? else {
         return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("").to_string();
-    let target = parts.next().unwrap_or("").to_string();
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    };
+    let (path, query) = raw.target.split_once('?').unwrap_or((&raw.target, ""));
     let query = query
         .split('&')
         .filter(|kv| !kv.is_empty())
@@ -147,49 +145,11 @@ fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>
             (decode(k), decode(v))
         })
         .collect();
-    let mut length = 0usize;
-    let mut chunked = false;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 {
-            break;
-        }
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "content-length" {
-                length = v.parse().unwrap_or(0);
-            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            let mut size = String::new();
-            r.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
-                .unwrap_or(0);
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        body.resize(length, 0);
-        r.read_exact(&mut body)?;
-    }
     Ok(Some(Request {
-        method,
         path: path.to_string(),
         query,
-        body,
+        method: raw.method,
+        body: raw.body,
     }))
 }
 
@@ -257,18 +217,6 @@ fn now_rfc3339() -> String {
         "2026-01-01T00:00:00Z".into()
     } else {
         out
-    }
-}
-
-fn docker(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
 
@@ -582,13 +530,7 @@ impl Server {
         let c = &spec["containers"][0];
         let sc = &c["securityContext"];
         let psc = &spec["securityContext"];
-        let pick = |k: &str| {
-            if sc[k].is_null() {
-                psc[k].clone()
-            } else {
-                sc[k].clone()
-            }
-        };
+        let pick = |k: &str| effective_security(spec, c, k);
         let uid = pick("runAsUser").as_i64().unwrap_or(0);
         let gid = pick("runAsGroup").as_i64().unwrap_or(uid);
         let fs_group = psc["fsGroup"].as_i64();

@@ -25,7 +25,7 @@
 //! request, so the window opens when the client gets there, however long it took to start.
 //! Every request is logged to stderr as one line.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +33,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
+use zerg_tests::http1::read_request;
 
 /// How the stand-in answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,62 +131,6 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// One HTTP request: method, path, headers (lower-case names), body.
-struct Request {
-    method: String,
-    path: String,
-    body: Vec<u8>,
-}
-
-fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("").to_string();
-    let path = parts.next().unwrap_or("").to_string();
-    let mut length = 0usize;
-    let mut chunked = false;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 {
-            break;
-        }
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "content-length" {
-                length = v.parse().unwrap_or(0);
-            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-        }
-    }
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            let mut size = String::new();
-            r.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)
-                .unwrap_or(0);
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        body.resize(length, 0);
-        r.read_exact(&mut body)?;
-    }
-    Ok(Some(Request { method, path, body }))
-}
-
 impl Server {
     fn serve(&self, stream: TcpStream) -> std::io::Result<()> {
         let mut w = stream.try_clone()?;
@@ -194,7 +139,7 @@ impl Server {
             return Ok(());
         };
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
-        let messages = req.method == "POST" && req.path.starts_with("/v1/messages");
+        let messages = req.method == "POST" && req.target.starts_with("/v1/messages");
         let until = match self.hold_for {
             Some(secs) if messages => Some(*self.hold_end.get_or_init(|| now_s() + secs)),
             Some(_) => self.hold_end.get().copied(),
@@ -206,9 +151,9 @@ impl Server {
         };
         eprintln!(
             "messages-api: {} {} mode {mode:?} stream {}",
-            req.method, req.path, body["stream"]
+            req.method, req.target, body["stream"]
         );
-        if req.method != "POST" || !req.path.starts_with("/v1/messages") {
+        if req.method != "POST" || !req.target.starts_with("/v1/messages") {
             return respond(
                 &mut w,
                 404,
@@ -216,7 +161,7 @@ impl Server {
                 &json!({"type": "error", "error": {"type": "not_found_error", "message": "not here"}}),
             );
         }
-        if req.path.starts_with("/v1/messages/count_tokens") {
+        if req.target.starts_with("/v1/messages/count_tokens") {
             return respond(&mut w, 200, &[], &json!({"input_tokens": 1000}));
         }
         let reset = until.unwrap_or_else(|| now_s() + 3600);

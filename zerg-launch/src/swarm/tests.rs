@@ -6,7 +6,6 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,7 +18,7 @@ use crate::RemoteSpec;
 use crate::WorkerToken;
 use crate::testkit::{import_image, remove_image, stage};
 use zerg_proto::contract::env as worker_env;
-use zerg_proto::testkit::{docker_or_skip, docker_required, skip};
+use zerg_proto::testkit::{docker_cli as cli, docker_or_skip, docker_required, skip};
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nnot a real one\n-----END CERTIFICATE-----\n";
 
@@ -256,18 +255,6 @@ const TEST_IMAGE: &str = "zerg-worker:swarm-test";
 /// The fake agent: worker 1 exits 3, the others sleep until stopped.
 const FAKE_AGENT: &str =
     "#!/bin/sh\nif [ \"$ZERG_WORKER_ID\" = 1 ]; then exit 3; fi\nexec sleep 1000\n";
-
-fn cli(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
 
 /// A single-node swarm for the test: left again on drop if the test created it, after
 /// removing whatever of the test's rush is left if the test failed half-way.
