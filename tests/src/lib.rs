@@ -765,6 +765,14 @@ pub fn graph_wide(feature: &str, levels: u32, per_level: u32) -> String {
     serde_json::json!({"feature": feature, "tasks": tasks}).to_string()
 }
 
+/// A loopback port free when asked (the listener that found it is closed again).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
 /// The HTTP/1.1 requests the stand-in servers (`messages-api`, `kube-api`) read: one at a time
 /// per connection, a body by `Content-Length` or chunked.
 pub mod http1 {

@@ -46,11 +46,7 @@ fn a_twelve_task_kubernetes_rush_sends_valid_restricted_objects_and_survives_zer
     let api = KubeApi::start();
     let repo = TestRepo::new();
     repo.write_graph("ku", &graph_12("ku"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     repo.configure(
         &container_cfg(IMAGE)
             .set("remote.listen", format!("127.0.0.1:{port}"))

@@ -260,11 +260,7 @@ fn without_a_login_the_rush_pauses_once_naming_the_fix() {
 fn an_unreachable_api_is_not_counted_and_pauses_the_rush_when_every_worker_sees_it() {
     let Some(claude) = real_claude() else { return };
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let (repo, d) = setup(
         &claude,
         "nonet",

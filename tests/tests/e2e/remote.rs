@@ -12,15 +12,6 @@ use zerg_tests::*;
 
 use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached_in};
 
-/// A free TCP port on loopback for the plane.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The swarm for a test, or `None` (skipped) without an engine.
 fn swarm() -> Option<SwarmSession> {
     if !docker_ready() {
