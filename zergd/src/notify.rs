@@ -30,10 +30,12 @@ impl Watchdog {
     /// The watchdog systemd asked for (`WATCHDOG_USEC`, for this process), or one that never
     /// pings.
     pub fn from_env(now: Instant) -> Self {
-        let mut usec = 0;
-        let every = sd_notify::watchdog_enabled(false, &mut usec)
-            .then(|| Duration::from_micros(usec) / 2)
-            .filter(|d| !d.is_zero());
+        let var = |k| std::env::var(k).ok();
+        let every = watchdog_interval(
+            var("WATCHDOG_USEC").as_deref(),
+            var("WATCHDOG_PID").as_deref(),
+            std::process::id(),
+        );
         Self::every(every, now)
     }
 
@@ -61,6 +63,20 @@ impl Watchdog {
     }
 }
 
+/// How often to ping for `WATCHDOG_USEC` and `WATCHDOG_PID`, as `sd_watchdog_enabled(3)` reads
+/// them: the interval is half the one asked for; a `WATCHDOG_PID` that is set must be this
+/// process, and one that is unset means this process (systemd sets it, other service managers
+/// and `systemd-run` wrappers may not).
+fn watchdog_interval(usec: Option<&str>, pid: Option<&str>, me: u32) -> Option<Duration> {
+    let usec: u64 = usec?.trim().parse().ok()?;
+    if let Some(pid) = pid
+        && pid.trim().parse::<u32>().ok() != Some(me)
+    {
+        return None;
+    }
+    Some(Duration::from_micros(usec) / 2).filter(|d| !d.is_zero())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +92,16 @@ mod tests {
         let mut none = Watchdog::every(None, t0);
         assert_eq!(none.due(), None);
         assert!(!none.ping_if_due(t0 + Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn the_watchdog_is_read_as_sd_watchdog_enabled_reads_it() {
+        let half = Some(Duration::from_millis(200));
+        assert_eq!(watchdog_interval(Some("400000"), None, 7), half);
+        assert_eq!(watchdog_interval(Some("400000"), Some("7"), 7), half);
+        assert_eq!(watchdog_interval(Some("400000"), Some("8"), 7), None);
+        assert_eq!(watchdog_interval(Some("soon"), None, 7), None);
+        assert_eq!(watchdog_interval(Some("0"), None, 7), None);
+        assert_eq!(watchdog_interval(None, Some("7"), 7), None);
     }
 }
