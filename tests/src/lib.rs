@@ -389,6 +389,14 @@ impl DaemonBuilder {
 
     /// Starts zergd and waits until it answers.
     pub fn start(self) -> Daemon {
+        let d = self.start_unready();
+        d.wait_answering();
+        d
+    }
+
+    /// Starts zergd and returns at once, before anything has connected to its socket (for a
+    /// test of what zergd does before its first client). [`Daemon::wait_answering`] waits.
+    pub fn start_unready(self) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("zergd-")
             .tempdir()
@@ -533,6 +541,10 @@ impl Daemon {
             .spawn()
             .expect("zergd starts");
         self.child = Some(child);
+    }
+
+    /// Waits until zergd answers on its socket.
+    pub fn wait_answering(&self) {
         if !poll(Duration::from_secs(20), || {
             self.ctl(&["list"]).status.success()
         }) {
@@ -593,6 +605,7 @@ impl Daemon {
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
+        self.wait_answering();
     }
 
     /// Runs zergctl against this daemon.
@@ -893,6 +906,32 @@ pub mod procfs {
     /// (`wchar` of `/proc/<pid>/io`).
     pub fn written_bytes(pid: i32) -> Option<u64> {
         io_field(pid, "wchar")
+    }
+
+    /// The state letter (`R`, `S`, `T` for stopped, `Z`, …) and process group of a process.
+    pub fn state_and_group(pid: i32) -> Option<(char, i32)> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut f = s[s.rfind(')')? + 1..].split_whitespace();
+        let state = f.next()?.chars().next()?;
+        let pgrp = f.nth(1)?.parse().ok()?;
+        Some((state, pgrp))
+    }
+
+    /// The live (not zombie) processes of the process group `pgid`, with their state letters.
+    pub fn group_members(pgid: i32) -> Vec<(i32, char)> {
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut v: Vec<(i32, char)> = procs
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| {
+                let (state, pgrp) = state_and_group(pid)?;
+                (pgrp == pgid && state != 'Z' && state != 'X').then_some((pid, state))
+            })
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Whether the process has no live child process.

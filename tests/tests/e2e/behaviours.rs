@@ -357,30 +357,16 @@ fn verification_tiers_one_to_three_run_and_only_a_blocking_failure_fails_the_tas
     }
 }
 
-/// Process ids whose process group is `pgid`.
+/// Process ids of the live members of the process group `pgid`.
 fn group_members(pgid: i32) -> Vec<i32> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the command's `)`: state, ppid, pgrp.
-        let pgrp = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().nth(2))
-            .and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(pgid) && alive(pid) {
-            v.push(pid);
-        }
-    }
-    v
+    procfs::group_members(pgid)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 #[test]
-fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigterm() {
+fn stop_sends_sigterm_then_sigkill_no_sooner_than_the_grace_to_an_agent_that_traps_sigterm() {
     let sig = Signals::new();
     let repo = TestRepo::new();
     repo.write_graph(
@@ -390,15 +376,21 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
         ]})
         .to_string(),
     );
-    // Long enough for the test to see the agent survive SIGTERM; the test waits it out once.
-    repo.configure(&config().set("workers.stop_grace_seconds", 15));
-    // The agent records SIGTERM and goes on; asked after it, it says it is still alive. Its
-    // output goes nowhere: the worker agent that read it is gone at SIGTERM, and a write to
-    // the closed pipe would end it by SIGPIPE.
+    // Long enough for the test to see the agent survive SIGTERM and to tell the grace from a
+    // prompt SIGKILL; the test waits it out once.
+    let grace = 6.0;
+    repo.configure(&config().set("workers.stop_grace_seconds", grace));
+    // The agent records SIGTERM (with the time it saw it) and goes on, noting the time every
+    // 50 ms; asked after SIGTERM, it says it is still alive. Its output goes nowhere: the
+    // worker agent that read it is gone at SIGTERM, and a write to the closed pipe would end
+    // it by SIGPIPE.
     let script = format!(
-        "exec >/dev/null 2>&1; trap 'echo TERM >> {log}' TERM; echo $$ > {pid}; \
-         while :; do if [ -e {ask} ]; then rm -f {ask}; echo alive-after-TERM >> {log}; fi; sleep 0.05; done",
+        "exec >/dev/null 2>&1; trap 'echo TERM >> {log}; date +%s.%N > {term_at}' TERM; echo $$ > {pid}; \
+         while :; do if [ -e {ask} ]; then rm -f {ask}; echo alive-after-TERM >> {log}; fi; \
+         date +%s.%N >> {alive}; sleep 0.05; done",
         log = sig.sh("trap.log"),
+        term_at = sig.sh("term-at"),
+        alive = sig.sh("alive-at"),
         pid = sig.sh("agent.pid"),
         ask = sig.sh("ask"),
     );
@@ -465,6 +457,21 @@ fn stop_sends_sigterm_then_sigkill_after_the_grace_to_an_agent_that_traps_sigter
         sig.read("trap.log").lines().collect::<Vec<_>>(),
         vec!["TERM", "alive-after-TERM"],
         "one SIGTERM, then nothing the agent could see"
+    );
+    // The SIGKILL came no sooner than the grace after the SIGTERM: the agent was still noting
+    // the time (nearly) a whole grace period after it saw SIGTERM. Its last note is a lower
+    // bound of the moment of the SIGKILL; the second of slack is for a loaded machine's
+    // scheduling of a 50 ms loop, far below the grace a prompt SIGKILL would fall short by.
+    let term_at: f64 = sig.read("term-at").trim().parse().expect("SIGTERM time");
+    let last_alive: f64 = sig
+        .read("alive-at")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .fold(f64::MIN, f64::max);
+    assert!(
+        last_alive - term_at >= grace - 1.0,
+        "SIGKILL {:.2}s after SIGTERM, grace {grace}s",
+        last_alive - term_at
     );
     let st = d.wait_end(&repo.path, "trap", T);
     assert_eq!(st["state"], "stopped", "{st}");
@@ -672,23 +679,87 @@ fn ctrl_c_detaches_from_a_followed_rush_with_exit_0_and_the_rush_goes_on() {
     );
 }
 
+/// A datagram socket standing in for systemd's `NOTIFY_SOCKET`.
+struct NotifySocket {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    sock: std::os::unix::net::UnixDatagram,
+}
+
+impl NotifySocket {
+    fn bind() -> NotifySocket {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+        sock.set_read_timeout(Some(T)).unwrap();
+        NotifySocket {
+            _dir: dir,
+            path,
+            sock,
+        }
+    }
+
+    /// The next datagram, as text.
+    fn recv(&self, d: &Daemon) -> String {
+        let mut buf = [0u8; 4096];
+        let n = self
+            .sock
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification from zergd: {e}; log:\n{}", d.log()));
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    }
+}
+
 #[test]
 fn zergd_tells_the_service_manager_ready_once_its_socket_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("notify.sock");
-    let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
-    sock.set_read_timeout(Some(T)).unwrap();
-    let d = Daemon::start_with_env(vec![(
-        "NOTIFY_SOCKET".to_string(),
-        path.to_string_lossy().to_string(),
-    )]);
-    let mut buf = [0u8; 4096];
-    let n = sock
-        .recv(&mut buf)
-        .unwrap_or_else(|e| panic!("no notification from zergd: {e}; log:\n{}", d.log()));
-    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    let notify = NotifySocket::bind();
+    let d = Daemon::builder()
+        .env("NOTIFY_SOCKET", notify.path.to_string_lossy())
+        .start_unready();
+    // Nothing has connected to zergd yet: READY=1 is zergd's own doing, not a reply to a
+    // client's first call.
+    let msg = notify.recv(&d);
     assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
-    // Ready means the control socket answers.
+    // At READY the socket is already listening: a connection made the moment READY arrives
+    // is accepted (it queues until served), with no retry.
+    if let Err(e) = std::os::unix::net::UnixStream::connect(&d.socket) {
+        panic!(
+            "READY=1 came before the socket listened: {e}\nlog:\n{}",
+            d.log()
+        );
+    }
+    // And a call on it is answered.
+    let out = d.ctl(&["list"]);
+    assert!(
+        out.status.success(),
+        "READY=1 came before the socket answered: {}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+}
+
+#[test]
+fn zergd_pings_the_watchdog_systemd_asked_for_over_and_over() {
+    let notify = NotifySocket::bind();
+    // systemd asks for a ping at least every 0.4 s: zergd pings every 0.2 s.
+    let d = Daemon::builder()
+        .env("NOTIFY_SOCKET", notify.path.to_string_lossy())
+        .env("WATCHDOG_USEC", "400000")
+        .start_unready();
+    let mut pings = 0;
+    let mut seen = Vec::new();
+    while pings < 10 {
+        let msg = notify.recv(&d);
+        if msg.lines().any(|l| l == "WATCHDOG=1") {
+            pings += 1;
+        }
+        seen.push(msg);
+    }
+    assert!(
+        seen.iter().any(|m| m.lines().any(|l| l == "READY=1")),
+        "{seen:?}"
+    );
+    // Pinging is no sign of a stuck loop: zergd still answers.
     ok(&d.ctl(&["list"]));
 }
 

@@ -200,15 +200,26 @@ fn kill_9_of_zergd_twice_mid_rush_then_restart() {
 }
 
 #[test]
-fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
+fn a_worker_sigstopped_past_the_stale_threshold_is_killed_while_still_stopped_with_its_group() {
     let repo = TestRepo::new();
     let signal = repo.path.parent().unwrap().join("stopped");
+    // G-L1-001 holds level 1 open (printing, so it is not stale) until the test is done
+    // looking: the rush cannot end, and zergd's stop of every worker at its end cannot be
+    // what kills the stopped one.
+    let release = repo.path.parent().unwrap().join("release");
+    let hold = format!(
+        "while [ ! -e '{}' ]; do echo holding; sleep 0.2; done",
+        release.display()
+    );
     repo.write_graph("ss", &graph_12("ss"));
     repo.configure(&Config::fake_agent().fast_workers());
-    repo.write_script("ss", &json!({"tasks": {"G-L1-003": {"attempts": [
-        [{"op": "touch", "path": signal}, {"op": "tick", "count": 100, "interval_ms": 50}, {"op": "write_owned"}],
-        [{"op": "write_owned"}]
-    ]}}}));
+    repo.write_script("ss", &json!({"tasks": {
+        "G-L1-001": [{"op": "shell", "command": hold}, {"op": "write_owned"}],
+        "G-L1-003": {"attempts": [
+            [{"op": "touch", "path": signal}, {"op": "tick", "count": 100, "interval_ms": 50}, {"op": "write_owned"}],
+            [{"op": "write_owned"}]
+        ]}
+    }}));
     let d = Daemon::start();
     assert!(
         d.ctl_in(&repo.path, &["rush", "ss", "--workers", "3", "--detach"])
@@ -221,13 +232,33 @@ fn sigstop_of_a_worker_past_the_stale_threshold_then_sigcont() {
     });
     let pid = pid_running(&st, "G-L1-003").unwrap();
     killpg(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    // The whole group is stopped: the worker agent and the agent CLI it runs.
+    wait_until(T, "the worker's group to stop", || {
+        let m = procfs::group_members(pid);
+        m.len() >= 2 && m.iter().all(|&(_, state)| state == 'T')
+    });
+    let members = procfs::group_members(pid);
     // Past the stale threshold (4 s), zergd declares the worker stale and reassigns its task.
     d.wait_for(&repo.path, "ss", T, "stale detection", |s| {
         s["resilience"]["stale_detections"].as_u64().unwrap_or(0) >= 1
     });
-    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
+    // No SIGCONT is ever sent: a stopped process can only end by SIGKILL, so every member of
+    // the group going away is zergd's doing, not a worker that finished by itself.
+    let gone = std::panic::catch_unwind(|| {
+        wait_until(T, "the stopped worker's group to be killed", || {
+            procfs::group_members(pid).is_empty()
+        })
+    });
+    if gone.is_err() {
+        let left = procfs::group_members(pid);
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        std::fs::write(&release, b"").unwrap();
+        panic!("the stopped group of worker {pid} ({members:?}) was not killed: {left:?} remain");
+    }
+    let st = d.status(&repo.path, "ss").expect("status");
+    assert_eq!(st["state"], "running", "{st}");
+    std::fs::write(&release, b"").unwrap();
     let st = assert_complete_exactly_once(&d, &repo, "ss");
-    assert!(!alive(pid), "the stopped worker was not killed");
     assert!(st["tasks"]["G-L1-003"]["crashes"].as_u64().unwrap() >= 1);
     assert!(monitor(&repo).contains("is stale: no heartbeat"));
 }
@@ -299,9 +330,21 @@ fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
     let repo = TestRepo::new();
     repo.write_graph("hang", &graph_12("hang"));
     repo.configure(&Config::fake_agent().fast_workers());
+    // Before hanging, the agent starts a child of its own that would run for long after it
+    // (as a build or a server an agent starts does) and notes both pids.
+    let dir = repo.path.parent().unwrap();
+    let (agent_pid, child_pid) = (dir.join("agent.pid"), dir.join("child.pid"));
+    let start = format!(
+        "echo $PPID > '{a}'; sleep 1000 >/dev/null 2>&1 & echo $! > '{c}'",
+        a = agent_pid.display(),
+        c = child_pid.display()
+    );
     repo.write_script(
         "hang",
-        &json!({"tasks": {"G-L1-001": {"attempts": [[{"op": "hang"}], [{"op": "write_owned"}]]}}}),
+        &json!({"tasks": {"G-L1-001": {"attempts": [
+            [{"op": "shell", "command": start}, {"op": "hang"}],
+            [{"op": "write_owned"}]
+        ]}}}),
     );
     let d = Daemon::start();
     assert!(
@@ -316,6 +359,19 @@ fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
     let log = monitor(&repo);
     assert!(log.contains("made no progress"), "{log}");
     assert!(log.contains("failing it with reason timeout"), "{log}");
+    // The hung agent, what it started and the rest of its process group are gone.
+    let pid = |p: &Path| -> i32 { std::fs::read_to_string(p).unwrap().trim().parse().unwrap() };
+    let (agent, child) = (pid(&agent_pid), pid(&child_pid));
+    let group = procfs::state_and_group(child).map(|(_, g)| g);
+    let gone = std::panic::catch_unwind(|| {
+        wait_until(T, "the hung agent's group to be gone", || {
+            !alive(agent) && !alive(child)
+        })
+    });
+    if gone.is_err() {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+        panic!("the hung agent {agent} or its child {child} (group {group:?}) outlived it");
+    }
 }
 
 #[test]
@@ -562,7 +618,26 @@ fn sigterm_stops_zergd_cleanly_mid_rush_and_a_restarted_zergd_readopts_the_worke
         killed.is_empty(),
         "workers {killed:?} of {running:?} did not survive zergd's SIGTERM"
     );
+    let done_before = tasks_with(&st, "complete").len();
     d.restart();
+    // Re-adopted, not replaced: once work has gone on under the new zergd, the rush's workers
+    // are the very processes that were running before, and none was respawned.
+    let after = d.wait_for(
+        &repo.path,
+        "zt",
+        T,
+        "a task completed after the restart",
+        |s| tasks_with(s, "complete").len() > done_before || s["state"] != "running",
+    );
+    let mut before = running.clone();
+    before.sort_unstable();
+    let mut now = worker_pids(&after);
+    now.sort_unstable();
+    assert_eq!(
+        now, before,
+        "the workers after the restart are not the ones before: {after}"
+    );
+    assert_eq!(after["resilience"]["worker_respawns"], 0, "{after}");
     assert_complete_exactly_once(&d, &repo, "zt");
     let log = monitor(&repo);
     assert!(log.contains("zergd restarted; resuming rush zt"), "{log}");
