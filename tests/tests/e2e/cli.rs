@@ -148,3 +148,19 @@ fn every_zergctl_command_against_a_live_zergd() {
         assert!(unit_text.contains("Type=notify"), "{unit_text}");
     });
 }
+
+#[test]
+fn a_rush_with_an_invalid_config_exits_65_naming_the_file_and_the_key() {
+    let repo = TestRepo::new();
+    repo.write_graph("bad", &graph_12("bad"));
+    repo.write_config_text("workers:\n  stop_grace_seconds: soon\n");
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "bad", "--workers", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{}", shown(&out));
+    assert!(err.contains("config.yaml"), "{err}");
+    assert!(err.contains("stop_grace_seconds"), "{err}");
+    // Nothing started: no rush, no worker worktree.
+    assert!(d.status(&repo.path, "bad").is_none());
+    assert!(!repo.path.join(".zerg-worktrees").exists());
+}

@@ -46,6 +46,12 @@ fn processes_in(dir: &Path) -> Vec<(i32, String)> {
 
 #[test]
 fn as_root_a_rush_whose_agent_skips_permissions_is_refused_at_start_with_the_choices() {
+    if !nix::unistd::geteuid().is_root() {
+        // What a normal user's rush does with the flag is the unit tests' part; this one is
+        // about root, and CI runs as root.
+        skip("the tests do not run as root, and the refusal is of root");
+        return;
+    }
     let repo = TestRepo::new();
     repo.write_graph("root", &graph_wide("root", 1, 1));
     repo.configure(&Config::fake_agent().fast_workers());
@@ -60,10 +66,6 @@ fn as_root_a_rush_whose_agent_skips_permissions_is_refused_at_start_with_the_cho
     // A machine that does not say it is a sandbox.
     let d = Daemon::start_with_env(vec![("IS_SANDBOX".into(), String::new())]);
     let out = d.ctl_in(&repo.path, &["rush", "root", "--workers", "1"]);
-    if !nix::unistd::geteuid().is_root() {
-        assert!(out.status.success(), "{}", text(&out));
-        return;
-    }
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     for choice in [
