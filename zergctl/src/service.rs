@@ -133,10 +133,30 @@ mod tests {
         assert!(p.contains("SuccessfulExit"));
     }
 
-    /// systemd's own check of the unit. Skipped, saying why, where systemd-analyze is missing
-    /// (and a failure under CI, where `.ci/run` installs it).
+    /// What `systemd-analyze verify` says about the unit `text` (its lines naming the unit).
+    /// Outside a booted systemd, verify may also complain that it cannot reach the manager;
+    /// only the lines about the unit itself count.
+    fn systemd_complaints(text: &str) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zergd.service");
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("zergd.service"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// systemd's own check of the unit, with a broken unit as the control that the check can
+    /// fail. Skipped, saying why, where systemd-analyze is missing (and a failure under CI,
+    /// where `.ci/run` installs it).
     #[test]
-    fn the_unit_passes_systemd_analyze_verify() {
+    fn the_unit_passes_systemd_analyze_verify_and_a_broken_one_does_not() {
         let v = match std::process::Command::new("systemd-analyze")
             .arg("--version")
             .output()
@@ -150,23 +170,20 @@ mod tests {
             }
         };
         assert!(v.status.success());
-        let dir = tempfile::tempdir().unwrap();
         // ExecStart must name an executable that exists.
         let unit = systemd_unit("/bin/true");
-        let path = dir.path().join("zergd.service");
-        std::fs::write(&path, unit).unwrap();
-        let out = std::process::Command::new("systemd-analyze")
-            .args(["verify", "--man=no"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        // Outside a booted systemd, verify may only complain that it cannot reach the manager;
-        // anything about the unit itself is a failure.
-        let about_unit: Vec<&str> = err
-            .lines()
-            .filter(|l| l.contains("zergd.service"))
-            .collect();
-        assert!(about_unit.is_empty(), "{err}");
+        let complaints = systemd_complaints(&unit);
+        assert!(complaints.is_empty(), "{complaints:#?}");
+        // The same unit with a misspelt key and a bad value: verify names both.
+        let broken = unit
+            .replace("Type=notify", "Type=notifyy")
+            .replace("Restart=", "Restartt=");
+        assert_ne!(broken, unit);
+        let complaints = systemd_complaints(&broken);
+        assert!(
+            complaints.iter().any(|l| l.contains("notifyy"))
+                && complaints.iter().any(|l| l.contains("Restartt")),
+            "{complaints:#?}"
+        );
     }
 }

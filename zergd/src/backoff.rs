@@ -87,4 +87,18 @@ mod tests {
             assert!((7.2..=8.8).contains(&d), "{d}");
         }
     }
+
+    #[test]
+    fn jitter_spreads_the_delays_over_the_window() {
+        // Workers that failed together draw different delays: 200 draws of an 8 s nominal land
+        // in at least 8 of the 10 equal slices of [7.2 s, 8.8 s], on both sides of 8 s.
+        let e = b(BackoffStrategy::Exponential);
+        let draws: Vec<f64> = (0..200).map(|_| e.jittered(2).as_secs_f64()).collect();
+        let mut slices = std::collections::BTreeSet::new();
+        for d in &draws {
+            slices.insert((((d - 7.2) / 0.16).floor() as i64).clamp(0, 9));
+        }
+        assert!(slices.len() >= 8, "{slices:?}");
+        assert!(draws.iter().any(|&d| d < 7.9) && draws.iter().any(|&d| d > 8.1));
+    }
 }

@@ -1005,6 +1005,32 @@ fn crashed_task_waits_for_a_worker_when_none_is_healthy() {
 // === 7: FR-6 respawn cap and exit codes ===
 
 #[test]
+fn workers_that_crash_together_back_off_for_different_times() {
+    // Eight idle workers crash at the same instant, twice (the first respawn is immediate):
+    // their second respawns are spread by the jitter rather than due all at once.
+    let n = 8;
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], n, config(|_| {}));
+    h.start();
+    for _ in 0..2 {
+        for w in 0..n {
+            h.spawned(w);
+            h.register(w);
+        }
+        for w in 0..n {
+            h.exit(w, ExitInfo::Signal(9));
+        }
+    }
+    let mut delays = std::collections::BTreeSet::new();
+    for w in 0..n {
+        assert_eq!(h.worker(w).status, WorkerStatus::Backoff);
+        let due = h.r.rt_workers[&w].spawn_due.expect("respawn scheduled");
+        assert_jittered(due - h.now, 4.0);
+        delays.insert(due - h.now);
+    }
+    assert!(delays.len() >= n as usize - 1, "{delays:?}");
+}
+
+#[test]
 fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
     h.start();
