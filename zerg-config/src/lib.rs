@@ -59,6 +59,74 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// How long the repository's logs are kept, and how large one grows.
     pub logging: LoggingConfig,
+    /// What a worker's worktree needs beyond the tracked files: ignored files copied from the
+    /// checkout, and setup commands.
+    pub worktree: WorktreeConfig,
+}
+
+/// `worktree:` section: making a worker's worktree like the user's checkout. A worktree holds
+/// only tracked files; a project whose tests read a gitignored `.env`, or need `npm ci`, a
+/// venv or generated files first, says so here.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorktreeConfig {
+    /// Ignored files copied from the checkout into each worker's worktree and the staging
+    /// worktree: paths or git glob pathspecs (`.env`, `config/*.local.json`, `secrets/`),
+    /// relative to the repository root. Tracked files are never copied (they are there already).
+    pub copy: Vec<String>,
+    /// Shell commands run in order in a worker's worktree before its first task, and again
+    /// when a level merge changed any file of `setup_when_changed`; also in the staging
+    /// worktree before the quality gates. A failure pauses the rush (an environment error),
+    /// rather than failing tasks.
+    pub setup: Vec<String>,
+    /// Files whose change reruns `setup` (lock files: `package-lock.json`, `uv.lock`,
+    /// `Cargo.lock`).
+    pub setup_when_changed: Vec<String>,
+    /// Time limit of the whole setup.
+    #[serde(with = "seconds")]
+    pub setup_timeout_seconds: Duration,
+}
+
+impl WorktreeConfig {
+    /// Copy entries and lock files name paths inside the repository; setup commands are not
+    /// blank.
+    fn check(&self) -> Result<(), String> {
+        for (key, list) in [
+            ("worktree.copy", &self.copy),
+            ("worktree.setup_when_changed", &self.setup_when_changed),
+        ] {
+            for (i, p) in list.iter().enumerate() {
+                let path = Path::new(p.trim());
+                if p.trim().is_empty()
+                    || path.is_absolute()
+                    || path
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir))
+                {
+                    return Err(format!(
+                        "{key}[{i}]: must be a path inside the repository, relative to its root, got {p:?}"
+                    ));
+                }
+            }
+        }
+        for (i, c) in self.setup.iter().enumerate() {
+            if c.trim().is_empty() {
+                return Err(format!("worktree.setup[{i}]: must not be empty"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for WorktreeConfig {
+    fn default() -> Self {
+        Self {
+            copy: Vec::new(),
+            setup: Vec::new(),
+            setup_when_changed: Vec::new(),
+            setup_timeout_seconds: Duration::from_secs(600),
+        }
+    }
 }
 
 /// `logging:` section. The original's other keys in this section (`level`, `directory`, …)
@@ -806,6 +874,10 @@ impl Config {
                 w.reconcile_interval_seconds,
             ),
             ("agent.timeout_seconds", self.agent.timeout_seconds),
+            (
+                "worktree.setup_timeout_seconds",
+                self.worktree.setup_timeout_seconds,
+            ),
             ("remote.handshake_timeout", self.remote.handshake_timeout),
             (
                 "verification_tiers.timeout_seconds",
@@ -878,6 +950,7 @@ impl Config {
             return Err("logging.max_log_size_mb: must be at least 1".into());
         }
         self.symbols.check()?;
+        self.worktree.check()?;
         for (key, v) in [
             ("git.identity.name", &self.git.identity.name),
             ("git.identity.email", &self.git.identity.email),
