@@ -31,6 +31,7 @@ pub mod supervisor;
 pub mod transfers;
 pub mod wire;
 pub mod worker_plane;
+pub mod worktree_copy;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};

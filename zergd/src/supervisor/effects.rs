@@ -158,6 +158,7 @@ impl Supervisor {
         let r = &self.rushes[rush_id];
         let mode = r.doc.rush.mode;
         let base = r.doc.rush.base_commit.clone();
+        let copy = r.config.worktree.copy.clone();
         if !fx.escalations.is_empty() {
             let dir = r.paths.state_dir.clone();
             let list = fx.escalations.clone();
@@ -170,6 +171,7 @@ impl Supervisor {
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
             let base = base.clone();
+            let copy = copy.clone();
             tokio::spawn(async move {
                 let result = async {
                     let launcher = launchers.get(mode).await?;
@@ -187,6 +189,16 @@ impl Supervisor {
                             &trusted,
                         )
                         .map_err(|e| SpawnError::new(e.to_string()))?;
+                        // Before a container's host side is prepared: the copies are then
+                        // part of what it grants.
+                        if !mode.is_remote() {
+                            super::jobs::copy_ignored(
+                                &spec.repo,
+                                &copy,
+                                std::slice::from_ref(&spec.worktree),
+                            )
+                            .map_err(|e| SpawnError::new(e.to_string()))?;
+                        }
                         if mode == Mode::Container {
                             spec.container.host = Some(crate::container_host::prepare(&spec)?);
                         }

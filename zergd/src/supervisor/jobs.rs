@@ -220,6 +220,22 @@ pub fn prepare_fresh(
         )
         .map_err(internal("creating a worker worktree"))?;
     }
+    let worktrees: Vec<PathBuf> = std::iter::once(paths.staging_worktree())
+        .chain((0..workers).map(|w| paths.worker_worktree(w)))
+        .collect();
+    let copied = copy_ignored(repo, &config.worktree.copy, &worktrees)?;
+    if !copied.is_empty() && mode.is_remote() {
+        warnings.push(format!(
+            "worktree.copy: {mode} workers do not get the copies yet (only subprocess and container workers do); the staging worktree, where the gates run, does"
+        ));
+    } else if !copied.is_empty() {
+        warnings.push(crate::worktree_copy::summary(&copied));
+    } else if !config.worktree.copy.is_empty() {
+        warnings.push(format!(
+            "worktree.copy: no ignored file of your checkout matches {:?}; nothing is copied",
+            config.worktree.copy
+        ));
+    }
 
     let graph = validated.graph;
     let meta = RushMeta {
@@ -402,6 +418,7 @@ pub fn ensure_worktrees(
     workers: u32,
     staging_head: &str,
     base: &str,
+    copy: &[String],
 ) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
     let trusted = git::Trusted::new(repo, base);
@@ -423,7 +440,23 @@ pub fn ensure_worktrees(
         )
         .map_err(internal("creating a worker worktree"))?;
     }
+    copy_ignored(repo, copy, &[paths.staging_worktree()])?;
     Ok(())
+}
+
+/// `worktree.copy`: copies the ignored files of the checkout that `patterns` name into each
+/// of `worktrees`, and returns them.
+pub fn copy_ignored(
+    repo: &Path,
+    patterns: &[String],
+    worktrees: &[PathBuf],
+) -> Result<Vec<crate::worktree_copy::CopiedFile>, SupervisorError> {
+    let files =
+        crate::worktree_copy::list(repo, patterns).map_err(SupervisorError::invalid_argument)?;
+    for wt in worktrees {
+        crate::worktree_copy::copy_into(repo, &files, wt).map_err(SupervisorError::internal)?;
+    }
+    Ok(files)
 }
 
 /// Feature context for prompts: requirements.md and design.md, truncated (about 2000 tokens
@@ -577,6 +610,26 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         }
         Err(e) => return MergeResult::Error(e.to_string()),
     };
+    // The gates run the project's own commands: the staging worktree is set up as a worker's
+    // is, first. (Gates in the worker image run where this worktree is read-only: there the
+    // image must hold what they need.)
+    if !gates.is_empty() && job.gate_image.is_none() {
+        let (commands, limit) = &job.setup;
+        let started = std::time::Instant::now();
+        for (i, cmd) in commands.iter().enumerate() {
+            let log = job
+                .log_dir
+                .join(format!("setup-{i}-level-{}.log", job.level));
+            let left = limit.saturating_sub(started.elapsed());
+            let (ok, output) = run_shell(cmd, staging, left, Some(&log));
+            if !ok {
+                return MergeResult::GateFailed {
+                    gate: format!("worktree.setup[{i}] `{cmd}` (in the staging worktree)"),
+                    output: tail(&output, 400),
+                };
+            }
+        }
+    }
     for (i, g) in gates.iter().enumerate() {
         let log = job.log_dir.join(format!(
             "gate-{}-level-{}.log",

@@ -69,6 +69,10 @@ impl Rush {
             }),
             git: self.git(),
             gate_image: self.gate_image(),
+            setup: (
+                self.config.worktree.setup.clone(),
+                self.config.worktree.setup_timeout_seconds,
+            ),
             gates_stop: {
                 self.gates_stop.send_replace(false);
                 self.gates_stop.subscribe()

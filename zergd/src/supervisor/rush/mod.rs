@@ -122,6 +122,9 @@ pub struct MergeJob {
     /// filled per gate) in a container rush with `gates.run_on: worker-image`; `None` on the
     /// host.
     pub gate_image: Option<zerg_launch::gate::GateContainer>,
+    /// `worktree.setup` and its time limit, run in the staging worktree before gates that run
+    /// on the host.
+    pub setup: (Vec<String>, Duration),
     /// Turns true when the rush stops, which ends a gate running in a container.
     pub gates_stop: tokio::sync::watch::Receiver<bool>,
 }
