@@ -122,6 +122,19 @@ pub struct Registration {
     pub feature: String,
     /// Tasks in the graph.
     pub tasks_total: u32,
+    /// `worktree.setup`.
+    pub setup: SetupSpec,
+}
+
+/// `worktree.setup` as a worker is told it.
+#[derive(Debug, Clone, Default)]
+pub struct SetupSpec {
+    /// Shell commands, in order.
+    pub commands: Vec<String>,
+    /// Files whose change reruns them.
+    pub when_changed: Vec<String>,
+    /// Time limit of the whole setup.
+    pub timeout: Duration,
 }
 
 /// A task handed to a worker.

@@ -266,6 +266,9 @@ closed_set! {
         AuthFailed => "auth_failed",
         /// The agent CLI could not reach its API after its own retries.
         ApiUnreachable => "api_unreachable",
+        /// The worker's environment cannot run the task's commands (a failed worktree setup,
+        /// a verification command that is not there).
+        Environment => "environment",
     }
 }
 

@@ -73,6 +73,7 @@ pub fn fail_kind_from_wire(raw: i32) -> Option<FailKind> {
         v1::FailKind::AgentMissing => FailKind::AgentMissing,
         v1::FailKind::AuthFailed => FailKind::AuthFailed,
         v1::FailKind::ApiUnreachable => FailKind::ApiUnreachable,
+        v1::FailKind::Environment => FailKind::Environment,
     })
 }
 
@@ -89,6 +90,7 @@ pub fn fail_kind_to_wire(k: FailKind) -> v1::FailKind {
         FailKind::AgentMissing => v1::FailKind::AgentMissing,
         FailKind::AuthFailed => v1::FailKind::AuthFailed,
         FailKind::ApiUnreachable => v1::FailKind::ApiUnreachable,
+        FailKind::Environment => v1::FailKind::Environment,
     }
 }
 

@@ -352,6 +352,11 @@ impl From<Registration> for v1::RegisterReply {
             spec_context: r.spec_context,
             feature: r.feature,
             tasks_total: r.tasks_total,
+            setup: Some(v1::WorktreeSetup {
+                commands: r.setup.commands,
+                when_changed: r.setup.when_changed,
+                timeout_seconds: secs(r.setup.timeout),
+            }),
         }
     }
 }

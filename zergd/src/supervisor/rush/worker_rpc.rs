@@ -166,6 +166,11 @@ impl Rush {
             spec_context: self.spec_context.clone(),
             feature: self.feature().to_string(),
             tasks_total: self.graph.tasks.len() as u32,
+            setup: crate::calls::SetupSpec {
+                commands: self.config.worktree.setup.clone(),
+                when_changed: self.config.worktree.setup_when_changed.clone(),
+                timeout: self.config.worktree.setup_timeout_seconds,
+            },
         }
     }
 
@@ -757,6 +762,36 @@ impl Rush {
                         Source::Worker(w),
                         Level::Error,
                         "agent_not_logged_in",
+                        format!("Worker {w}: rush paused: {reason}"),
+                        json!({"task_id": t, "worker_id": w}),
+                    );
+                }
+            }
+            Some(FailKind::Environment) => {
+                // No attempt can succeed until someone fixes the environment: the attempt is
+                // not counted, and the rush pauses once, whichever worker saw it first.
+                self.requeue(&t, "the worker's environment cannot run the task", wall);
+                if self.state() == RushState::Running {
+                    // A failed setup names its own fix; a missing program gets the one that
+                    // fits where the workers run.
+                    let fix = if req.message.contains("worktree.setup") {
+                        ""
+                    } else if self.doc.rush.mode == Mode::Subprocess {
+                        ": install it for the user zergd runs as, or make it in the worktree with worktree.setup in .zerg/config.yaml"
+                    } else {
+                        ": add it to the worker image (container.image), or make it in the worktree with worktree.setup in .zerg/config.yaml"
+                    };
+                    let reason = format!(
+                        "environment error on worker {w} (task {t}): {}{fix}. Then `zergctl retry {}`",
+                        req.message.trim_end_matches('.'),
+                        self.feature()
+                    );
+                    self.set_state(RushState::Paused, &reason);
+                    self.event(
+                        wall,
+                        Source::Worker(w),
+                        Level::Error,
+                        "environment_error",
                         format!("Worker {w}: rush paused: {reason}"),
                         json!({"task_id": t, "worker_id": w}),
                     );
