@@ -43,6 +43,7 @@ mod connection;
 mod environment;
 mod handoff;
 mod remote;
+mod setup;
 mod task;
 
 use connection::*;
@@ -123,6 +124,12 @@ pub struct Session {
     /// The agent CLI's own account of what it does (`API retry 3/10: overloaded`), sent with
     /// every heartbeat of the attempt.
     detail: Arc<std::sync::Mutex<String>>,
+    /// What the last `worktree.setup` that succeeded ran for (see [`setup::Setup`]).
+    setup_key: Option<u64>,
+    /// The `worktree.setup` command running now, and since when: each heartbeat says so, with
+    /// the time it has run, which is progress to zergd's watchdog (a setup that hangs ends at
+    /// its own time limit).
+    setup_running: Option<(usize, Instant)>,
 }
 
 impl Session {
@@ -198,6 +205,8 @@ impl Session {
             who,
             in_process: repo.is_some(),
             git_dir,
+            setup_key: None,
+            setup_running: None,
             attempt: Report::default(),
             detail: Arc::default(),
         })
@@ -247,14 +256,23 @@ impl Session {
             progress_pct: self.progress,
             timestamp_ms: now_ms(),
             last_output_ms: self.last_output.load(Ordering::Relaxed),
-            detail: self
-                .detail
-                .lock()
-                .map(|d| {
-                    zerg_proto::contract::limits::clip(&d, zerg_proto::contract::limits::MAX_NAME)
+            detail: match self.setup_running {
+                Some((i, since)) => format!(
+                    "running worktree.setup[{i}] for {}s",
+                    since.elapsed().as_secs()
+                ),
+                None => self
+                    .detail
+                    .lock()
+                    .map(|d| {
+                        zerg_proto::contract::limits::clip(
+                            &d,
+                            zerg_proto::contract::limits::MAX_NAME,
+                        )
                         .to_string()
-                })
-                .unwrap_or_default(),
+                    })
+                    .unwrap_or_default(),
+            },
         };
         let _ = self.hb_tx.try_send(hb);
     }

@@ -193,6 +193,16 @@ impl Session {
                 )
                 .await;
         }
+        match self.ensure_setup().await {
+            setup::Setup::Ready => {}
+            setup::Setup::Abandoned => return self.abandon(&task).await,
+            setup::Setup::Failed(msg) => {
+                eprintln!("zerg-worker-agent: {msg}");
+                return self
+                    .fail(&task, v1::FailKind::Environment, msg, 0, String::new())
+                    .await;
+            }
+        }
         let prompt = prompt::build(&task, &self.cfg.spec_context);
 
         // The agent CLI.
@@ -397,6 +407,25 @@ impl Session {
                 exit_code: o.code.unwrap_or(-1),
                 output_tail: last_line(&o.tail),
             });
+            if !o.success()
+                && t.blocking
+                && let Some(program) = setup::missing_program(o.code, &o.tail)
+            {
+                return self
+                    .fail(
+                        &task,
+                        v1::FailKind::Environment,
+                        format!(
+                            "tier {} ({}) `{cmd}` exited {}: `{program}` is not installed where the worker runs",
+                            t.tier,
+                            t.name,
+                            o.code.unwrap_or(-1)
+                        ),
+                        0,
+                        String::new(),
+                    )
+                    .await;
+            }
             if !o.success() && t.blocking {
                 let why = if o.timed_out {
                     format!("timed out after {timeout}s")

@@ -1,0 +1,179 @@
+//! `worktree.setup`: the commands that make a worktree ready for the task's commands (a venv,
+//! `npm ci`, generated files), run before the worker's first task and again whenever the
+//! commands or a `when_changed` file (a lock file a level merge brought in) differ from the last
+//! setup that succeeded. Also how a verification command that is not installed is told apart
+//! from a task that failed: both are environment errors, which zergd pauses the rush on.
+
+use std::hash::{Hash, Hasher};
+
+use super::*;
+
+/// What came of making the worktree ready.
+pub(super) enum Setup {
+    /// Ready: nothing to run, or every command succeeded.
+    Ready,
+    /// zergd took the lease back (or cannot be reached) while a command ran.
+    Abandoned,
+    /// A command failed: why, and how to fix it.
+    Failed(String),
+}
+
+impl Session {
+    /// Runs `worktree.setup` in the worktree when it has not run yet for what the worktree
+    /// holds now. The output of command `i` goes to `setup/worker-<N>-<i>.txt` in the worker's log directory and to this
+    /// worker's log.
+    pub(super) async fn ensure_setup(&mut self) -> Setup {
+        let Some(setup) = self.cfg.setup.clone() else {
+            return Setup::Ready;
+        };
+        if setup.commands.is_empty() {
+            return Setup::Ready;
+        }
+        let key = setup_key(&self.env.worktree, &setup);
+        if self.setup_key == Some(key) {
+            return Setup::Ready;
+        }
+        let started = Instant::now();
+        let limit = Duration::from_secs(setup.timeout_seconds.max(1));
+        for (i, cmd) in setup.commands.iter().enumerate() {
+            eprintln!("zerg-worker-agent: worktree.setup[{i}]: {cmd}");
+            let left = limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Setup::Failed(format!(
+                    "worktree.setup timed out after {}s before `{cmd}` ran (worktree.setup_timeout_seconds)",
+                    limit.as_secs()
+                ));
+            }
+            let spec = Spec {
+                argv: vec!["sh".into(), "-c".into(), cmd.clone()],
+                cwd: &self.env.worktree.clone(),
+                env: self.identity.clone(),
+                timeout: left,
+                artifact: Some(
+                    self.env
+                        .log_dir
+                        .join("setup")
+                        .join(format!("worker-{}-{i}.txt", self.env.worker_id)),
+                ),
+                own_group: true,
+                result_grace: left,
+                detail: None,
+                profile: Profile::Plain,
+            };
+            self.setup_running = Some((i, Instant::now()));
+            let o = self.supervise(spec).await;
+            self.setup_running = None;
+            let o = match o {
+                None => return Setup::Abandoned,
+                Some(Ok(o)) => o,
+                Some(Err(e)) => {
+                    return Setup::Failed(format!(
+                        "worktree.setup[{i}] `{cmd}`: cannot run sh: {e}"
+                    ));
+                }
+            };
+            for line in o.tail.lines() {
+                eprintln!("zerg-worker-agent: setup: {line}");
+            }
+            if o.timed_out {
+                return Setup::Failed(format!(
+                    "worktree.setup[{i}] `{cmd}` did not finish within {}s (worktree.setup_timeout_seconds): {}",
+                    limit.as_secs(),
+                    task::last_line(&o.tail)
+                ));
+            }
+            if !o.success() {
+                return Setup::Failed(format!(
+                    "worktree.setup[{i}] `{cmd}` failed (exit {}): {}; fix worktree.setup in .zerg/config.yaml",
+                    o.code.unwrap_or(-1),
+                    task::last_line(&o.tail)
+                ));
+            }
+        }
+        self.setup_key = Some(key);
+        Setup::Ready
+    }
+}
+
+/// What a setup ran for: the commands and the content of each `when_changed` file (absent is a
+/// content of its own). Compared only within this process.
+fn setup_key(worktree: &Path, setup: &v1::WorktreeSetup) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    setup.commands.hash(&mut h);
+    for f in &setup.when_changed {
+        f.hash(&mut h);
+        // A name from zergd that leaves the worktree is read as absent.
+        let inside = Path::new(f)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        match inside.then(|| std::fs::read(worktree.join(f))) {
+            Some(Ok(bytes)) => {
+                1u8.hash(&mut h);
+                bytes.hash(&mut h);
+            }
+            _ => 0u8.hash(&mut h),
+        }
+    }
+    h.finish()
+}
+
+/// When a blocking verification command failed because a program it names is not installed
+/// where the worker runs (`sh: 1: python3: not found`, exit 127; or found but not executable,
+/// exit 126), the program's name. A missing path (`./run-tests.sh`) is not one: a task may be
+/// the one that should have made it.
+pub(super) fn missing_program(code: Option<i32>, tail: &str) -> Option<String> {
+    if !matches!(code, Some(126 | 127)) {
+        return None;
+    }
+    tail.lines().rev().find_map(|line| {
+        let line = line.trim_end();
+        let rest = line
+            .strip_suffix(": command not found")
+            .or_else(|| line.strip_suffix(": not found"))?;
+        let name = rest.rsplit(": ").next()?.trim();
+        (!name.is_empty() && !name.contains('/') && !name.contains(' ')).then(|| name.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_missing_from_path_is_named_and_a_missing_path_is_not() {
+        assert_eq!(
+            missing_program(Some(127), "sh: 1: python3: not found").as_deref(),
+            Some("python3")
+        );
+        assert_eq!(
+            missing_program(Some(127), "x\nbash: line 1: pytest: command not found\n").as_deref(),
+            Some("pytest")
+        );
+        assert_eq!(
+            missing_program(Some(127), "sh: 1: ./run-tests.sh: not found"),
+            None
+        );
+        assert_eq!(missing_program(Some(1), "sh: 1: python3: not found"), None);
+        assert_eq!(missing_program(Some(127), "no such thing"), None);
+    }
+
+    #[test]
+    fn the_key_changes_with_a_lock_file_and_the_commands() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = v1::WorktreeSetup {
+            commands: vec!["true".into()],
+            when_changed: vec!["uv.lock".into(), "../outside".into()],
+            timeout_seconds: 5,
+        };
+        let absent = setup_key(dir.path(), &s);
+        std::fs::write(dir.path().join("uv.lock"), "a").unwrap();
+        let a = setup_key(dir.path(), &s);
+        assert_ne!(absent, a);
+        assert_eq!(a, setup_key(dir.path(), &s));
+        std::fs::write(dir.path().join("uv.lock"), "b").unwrap();
+        assert_ne!(a, setup_key(dir.path(), &s));
+        let mut other = s.clone();
+        other.commands.push("make".into());
+        assert_ne!(setup_key(dir.path(), &s), setup_key(dir.path(), &other));
+    }
+}
