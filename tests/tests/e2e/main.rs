@@ -7,6 +7,7 @@ mod cli;
 mod container;
 mod core;
 mod coverage;
+mod environment;
 mod gates;
 mod gitcore;
 mod hostile;

@@ -1,0 +1,185 @@
+//! Real projects' environments: a worker's worktree holds only tracked files, so a project
+//! whose tests read a gitignored `.env` and run in a venv needs `worktree.copy` and
+//! `worktree.setup`; a verification command that is not installed is an environment error that
+//! pauses the rush once with the fix, not a task failure that burns every attempt.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use zerg_tests::*;
+
+const T: Duration = Duration::from_secs(180);
+
+const CHECK_ENV: &str = include_str!("../../fixtures/python-env/check_env.py");
+const GITIGNORE: &str = include_str!("../../fixtures/python-env/gitignore");
+
+fn monitor(repo: &TestRepo) -> String {
+    std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap_or_default()
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The twelve-task graph with each task verified by `verify <the file it creates>`.
+fn graph_verified_by(feature: &str, verify: &str) -> String {
+    let mut g: Value = serde_json::from_str(&graph_12(feature)).unwrap();
+    for t in g["tasks"].as_array_mut().unwrap() {
+        let file = t["files"]["create"][0].as_str().unwrap().to_string();
+        t["verification"]["command"] = json!(format!("{verify} {file}"));
+    }
+    g.to_string()
+}
+
+/// A small Python project, committed: its test (`check_env.py`) reads the gitignored `.env`
+/// and must run in the project's venv. The `.env` is in the checkout, not in git.
+fn python_project() -> TestRepo {
+    let repo = TestRepo::new();
+    std::fs::write(repo.path.join("check_env.py"), CHECK_ENV).unwrap();
+    std::fs::write(repo.path.join(".gitignore"), GITIGNORE).unwrap();
+    git(&repo.path, &["add", "check_env.py", ".gitignore"]);
+    git(&repo.path, &["commit", "-q", "-m", "a python project"]);
+    std::fs::write(repo.path.join(".env"), "# local settings\nGREETING=hello\n").unwrap();
+    repo
+}
+
+#[test]
+fn a_python_project_whose_tests_read_a_gitignored_env_completes_with_worktree_copy_and_setup() {
+    let repo = python_project();
+    repo.write_graph(
+        "py",
+        &graph_verified_by("py", ".venv/bin/python check_env.py"),
+    );
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("worktree.copy", [".env"])
+            .set(
+                "worktree.setup",
+                ["python3 -m venv --system-site-packages .venv"],
+            )
+            .set("worktree.setup_when_changed", ["requirements.txt"])
+            // The gate runs the project's test on staging: the staging worktree is set up too.
+            .gate("project-test", ".venv/bin/python check_env.py", true),
+    );
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "py", "--workers", "3", "--detach"]);
+    ok(&out);
+    // The user sees what leaves their checkout.
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("worktree.copy: 1 ignored file(s)") && said.contains(".env"),
+        "{said}"
+    );
+    let st = d.wait_end(&repo.path, "py", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    let log = monitor(&repo);
+    assert!(!log.contains("verification_failed"), "{log}");
+    // The copies and the venv stay out of every commit.
+    let files = repo.files_on("zerg/py/staging");
+    assert!(
+        !files.iter().any(|f| f == ".env" || f.starts_with(".venv")),
+        "{files:?}"
+    );
+    // Each worker ran the setup once, before its first task, with its output in its log.
+    let logs = std::fs::read_dir(repo.path.join(".zerg/logs")).unwrap();
+    let mut setups = 0;
+    let mut seen = String::new();
+    for e in logs.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("worker-") && name.ends_with(".log") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            setups += text.matches("worktree.setup[0]: python3 -m venv").count();
+            seen.push_str(&format!("== {name}\n{text}\n"));
+        }
+    }
+    assert!(
+        (1..=3).contains(&setups),
+        "setup runs once per worker process, not per task: {setups}\n{seen}"
+    );
+    assert!(
+        repo.path.join(".zerg/logs/setup-0-level-1.log").exists(),
+        "the staging worktree was set up before the gate"
+    );
+}
+
+#[test]
+fn a_verification_command_that_is_not_installed_pauses_the_rush_once_naming_the_fix() {
+    let repo = TestRepo::new();
+    repo.write_graph("nf", &graph_verified_by("nf", "zz-check"));
+    repo.configure(&Config::fake_agent().fast_workers());
+    // A directory on zergd's PATH, empty for now: `zz-check` is not installed.
+    let bin_dir = repo.path.parent().unwrap().join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let d = Daemon::builder().env("PATH", path).start();
+    ok(&d.ctl_in(&repo.path, &["rush", "nf", "--workers", "3", "--detach"]));
+    let st = d.wait_for(&repo.path, "nf", T, "the rush to pause", |s| {
+        s["state"] == "paused" || s["state"] == "complete" || s["state"] == "failed"
+    });
+    assert_eq!(st["state"], "paused", "{st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("`zz-check` is not installed") && reason.contains("worktree.setup"),
+        "{reason}"
+    );
+    assert!(reason.contains("zergctl retry nf"), "{reason}");
+    let log = monitor(&repo);
+    assert_eq!(
+        log.matches("rush paused: environment error").count(),
+        1,
+        "one pause, however many workers saw it: {log}"
+    );
+    assert!(
+        !log.contains("verification_failed"),
+        "no attempt was spent: {log}"
+    );
+
+    // The fix: install it. Then the rush goes on and completes.
+    let tool = bin_dir.join("zz-check");
+    std::fs::write(&tool, "#!/bin/sh\ntest -f \"$1\"\n").unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    ok(&d.ctl_in(&repo.path, &["retry", "nf"]));
+    let st = d.wait_end(&repo.path, "nf", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+}
+
+#[test]
+fn a_failed_worktree_setup_pauses_the_rush_naming_the_command_instead_of_failing_tasks() {
+    let repo = TestRepo::new();
+    repo.write_graph("sf", &graph_12("sf"));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("worktree.setup", ["echo preparing", "exit 3"]),
+    );
+    let d = Daemon::start();
+    ok(&d.ctl_in(&repo.path, &["rush", "sf", "--workers", "2", "--detach"]));
+    let st = d.wait_for(&repo.path, "sf", T, "the rush to pause", |s| {
+        s["state"] != "running" && s["state"] != "pending"
+    });
+    assert_eq!(st["state"], "paused", "{st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("worktree.setup[1] `exit 3` failed (exit 3)"),
+        "{reason}"
+    );
+    assert_eq!(tasks_with(&st, "complete"), Vec::<String>::new(), "{st}");
+    assert_eq!(tasks_with(&st, "failed"), Vec::<String>::new(), "{st}");
+}
