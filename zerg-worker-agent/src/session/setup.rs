@@ -135,6 +135,39 @@ pub(super) fn missing_program(code: Option<i32>, tail: &str) -> Option<String> {
     })
 }
 
+/// The paths a failed command's output says are missing (`No such file or directory`, as
+/// Python, Node and the shell tools print it), as written there.
+pub(super) fn missing_paths(tail: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in tail.lines() {
+        let lower = line.to_ascii_lowercase();
+        let Some(at) = lower.find("no such file or directory") else {
+            continue;
+        };
+        // Quoted after the message: `...: '.env'` (Python), `..., open '.env'` (Node).
+        let after = &line[at..];
+        let quoted = ['\'', '"'].iter().find_map(|&q| {
+            let start = after.find(q)? + 1;
+            let len = after[start..].find(q)?;
+            Some(after[start..start + len].to_string())
+        });
+        // Before it, when nothing is quoted: `cat: .env: No such file or directory`.
+        let before = line[..at]
+            .trim_end()
+            .strip_suffix(':')
+            .and_then(|b| b.rsplit(": ").next())
+            .map(|s| s.trim().to_string());
+        if let Some(p) = quoted.or(before)
+            && !p.is_empty()
+            && !p.contains(char::is_whitespace)
+            && !out.contains(&p)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +188,16 @@ mod tests {
         );
         assert_eq!(missing_program(Some(1), "sh: 1: python3: not found"), None);
         assert_eq!(missing_program(Some(127), "no such thing"), None);
+    }
+
+    #[test]
+    fn missing_paths_are_read_from_python_node_and_shell_messages() {
+        let tail = "Traceback (most recent call last):\nFileNotFoundError: [Errno 2] No such file or directory: '.env'\nError: ENOENT: no such file or directory, open \"/w/config/local.json\"\ncat: secrets/k: No such file or directory\nall good";
+        assert_eq!(
+            missing_paths(tail),
+            vec![".env", "/w/config/local.json", "secrets/k"]
+        );
+        assert!(missing_paths("AssertionError: 1 != 2").is_empty());
     }
 
     #[test]

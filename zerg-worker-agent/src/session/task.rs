@@ -106,6 +106,33 @@ impl Session {
         Ok(())
     }
 
+    /// A path the failed command's output says is missing, that is not in the worktree and
+    /// that git ignores there: a file of the user's checkout that the worktree cannot have.
+    async fn ignored_and_missing(&self, tail: &str) -> Option<String> {
+        let wt = &self.env.worktree;
+        for p in setup::missing_paths(tail) {
+            let rel = match Path::new(&p).strip_prefix(wt) {
+                Ok(r) => r.to_path_buf(),
+                Err(_) if Path::new(&p).is_relative() => PathBuf::from(&p),
+                Err(_) => continue,
+            };
+            let inside = rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            let Some(rel) = rel.to_str().filter(|_| inside) else {
+                continue;
+            };
+            if tokio::fs::symlink_metadata(wt.join(rel)).await.is_err()
+                && run::git(wt, &["check-ignore", "-q", "--no-index", "--", rel])
+                    .await
+                    .is_ok()
+            {
+                return Some(rel.to_string());
+            }
+        }
+        None
+    }
+
     pub(super) async fn fail(
         &mut self,
         task: &v1::Task,
@@ -420,6 +447,23 @@ impl Session {
                             t.tier,
                             t.name,
                             o.code.unwrap_or(-1)
+                        ),
+                        0,
+                        String::new(),
+                    )
+                    .await;
+            }
+            if !o.success()
+                && t.blocking
+                && let Some(path) = self.ignored_and_missing(&o.tail).await
+            {
+                return self
+                    .fail(
+                        &task,
+                        v1::FailKind::Environment,
+                        format!(
+                            "tier {} ({}) `{cmd}` failed: `{path}` is missing from the worktree: git ignores it, so a worktree never has it; add it to worktree.copy (or make it with worktree.setup) in .zerg/config.yaml",
+                            t.tier, t.name
                         ),
                         0,
                         String::new(),
