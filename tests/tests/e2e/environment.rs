@@ -183,3 +183,33 @@ fn a_failed_worktree_setup_pauses_the_rush_naming_the_command_instead_of_failing
     assert_eq!(tasks_with(&st, "complete"), Vec::<String>::new(), "{st}");
     assert_eq!(tasks_with(&st, "failed"), Vec::<String>::new(), "{st}");
 }
+
+#[test]
+fn a_gitignored_file_the_tests_need_but_nobody_copied_pauses_the_rush_naming_worktree_copy() {
+    // The issue a new user meets first: the tests read `.env`, which the worktree cannot have.
+    let repo = python_project();
+    repo.write_graph(
+        "nc",
+        &graph_verified_by("nc", ".venv/bin/python check_env.py"),
+    );
+    repo.configure(&Config::fake_agent().fast_workers().set(
+        "worktree.setup",
+        ["python3 -m venv --system-site-packages .venv"],
+    ));
+    let d = Daemon::start();
+    ok(&d.ctl_in(&repo.path, &["rush", "nc", "--workers", "2", "--detach"]));
+    let st = d.wait_for(&repo.path, "nc", T, "the rush to pause", |s| {
+        s["state"] != "running" && s["state"] != "pending"
+    });
+    assert_eq!(st["state"], "paused", "{st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("`.env` is missing from the worktree") && reason.contains("worktree.copy"),
+        "{reason}"
+    );
+    let log = monitor(&repo);
+    assert!(
+        !log.contains("verification_failed"),
+        "no attempt was spent: {log}"
+    );
+}
