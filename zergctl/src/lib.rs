@@ -261,6 +261,10 @@ pub enum ImageCommand {
         /// Extra binaries to put in /usr/local/bin (offline builds), e.g. an agent CLI.
         #[arg(long = "with")]
         with: Vec<PathBuf>,
+        /// Layer the worker onto IMAGE, an image on this machine with your project's tools (no
+        /// registry): adds the agent, the `worker` user (uid/gid 10001), and checks for sh and git.
+        #[arg(long, value_name = "IMAGE", conflicts_with = "offline")]
+        from: Option<String>,
     },
 }
 
@@ -367,6 +371,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                     tag,
                     agent,
                     with,
+                    from,
                 },
         } => {
             let opts = image::BuildOptions {
@@ -374,6 +379,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                 tag: tag.clone(),
                 agent,
                 with,
+                from,
             };
             let id = image::build(&opts)
                 .await

@@ -141,7 +141,7 @@ fn dockerfile_context_has_agent_and_extras() {
     let extra = dir.path().join("fake-claude");
     fs::write(&agent, "#!/bin/sh\n").unwrap();
     fs::write(&extra, "#!/bin/sh\n").unwrap();
-    let tar = dockerfile_context(&agent, &[extra]).unwrap();
+    let tar = dockerfile_context(DOCKERFILE, &agent, &[extra]).unwrap();
     let file = dir.path().join("ctx.tar");
     fs::write(&file, &tar).unwrap();
     let out = std::process::Command::new("tar")
@@ -191,6 +191,7 @@ async fn offline_image_builds_caches_and_runs() {
         tag: "zerg-worker:unit-test".into(),
         agent: Some(agent),
         with: vec![PathBuf::from("/bin/true")],
+        from: None,
     };
     let id = build(&opts).await.unwrap();
     let created = |docker: &Docker| {
@@ -271,4 +272,200 @@ async fn run_in(docker: &Docker, image: &str, cmd: &[&str]) -> (i64, String) {
         .build();
     let _ = docker.remove_container(&id, Some(rm)).await;
     (code, text)
+}
+
+/// Builds `dockerfile` (context: the Dockerfile alone) into `tag`, as a user builds their own
+/// project image.
+async fn docker_build(docker: &Docker, tag: &str, dockerfile: &str) {
+    let mut fs_ = Rootfs::default();
+    fs_.data("Dockerfile", dockerfile.to_string(), 0o644);
+    let tar = fs_.to_tar().unwrap();
+    let options = BuildImageOptionsBuilder::new()
+        .dockerfile("Dockerfile")
+        .t(tag)
+        .rm(true)
+        .build();
+    let mut stream =
+        std::pin::pin!(docker.build_image(options, None, Some(bollard::body_full(tar.into()))));
+    while let Some(item) = stream.next().await {
+        item.unwrap_or_else(|e| panic!("building {tag}: {e}"));
+    }
+}
+
+async fn remove_images(docker: &Docker, tags: &[&str]) {
+    for t in tags {
+        let _ = docker
+            .remove_image(
+                t,
+                Some(
+                    bollard::query_parameters::RemoveImageOptionsBuilder::new()
+                        .force(true)
+                        .build(),
+                ),
+                None,
+            )
+            .await;
+    }
+}
+
+/// `image build --from`: the project's own local image (here one with a project tool and no
+/// `worker` user) gets the agent, the uid-10001 user and the worker's directories, with no
+/// registry; a base without git, and one without a shell, are refused with the cause named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker() {
+    if !docker_or_skip() {
+        return;
+    }
+    let docker = connect().await.expect("docker info answers");
+    if which("git").is_none() {
+        skip("no git on this host to put in the base image");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Prints what the real agent prints when started without its environment.
+    let agent = dir.path().join("zerg-worker-agent");
+    fs::write(
+        &agent,
+        "#!/bin/sh\necho 'zerg-worker-agent: ZERG_SOCKET is not set' >&2\nexit 1\n",
+    )
+    .unwrap();
+    let (root, project, no_git, from, from_no_git, no_shell, from_no_shell) = (
+        "zerg-from-test:root",
+        "zerg-from-test:project",
+        "zerg-from-test:nogit",
+        "zerg-from-test:worker",
+        "zerg-from-test:worker-nogit",
+        "zerg-from-test:noshell",
+        "zerg-from-test:worker-noshell",
+    );
+    // The project's image: a shell, git and coreutils (the offline root filesystem), a tool of
+    // the project's own, and no `worker` user.
+    build(&BuildOptions {
+        offline: true,
+        tag: root.into(),
+        agent: Some(agent.clone()),
+        with: vec![],
+        from: None,
+    })
+    .await
+    .unwrap();
+    docker_build(
+        &docker,
+        project,
+        &format!(
+            "FROM {root}\nUSER 0\nRUN sed -i '/^worker:/d' /etc/passwd /etc/group && rm -f /usr/local/bin/zerg-worker-agent && printf '#!/bin/sh\\necho project-tool-ok\\n' > /usr/local/bin/project-tool && chmod 755 /usr/local/bin/project-tool\n"
+        ),
+    )
+    .await;
+    let out = run_in(
+        &docker,
+        project,
+        &[
+            "sh",
+            "-c",
+            "id -u; grep -c worker /etc/passwd; ls /usr/local/bin",
+        ],
+    )
+    .await;
+    assert!(
+        out.1.starts_with("0\n0\n") && !out.1.contains("zerg-worker-agent"),
+        "the base runs as root, without a worker user or the agent: {out:?}"
+    );
+
+    let opts = |tag: &str, base: &str| BuildOptions {
+        offline: false,
+        tag: tag.into(),
+        agent: Some(agent.clone()),
+        with: vec![],
+        from: Some(base.into()),
+    };
+    build(&opts(from, project)).await.unwrap();
+    let script = "id -u; id -g; grep '^worker:x:10001:10001:' /etc/passwd; echo home=$HOME; pwd; project-tool; git --version; ls -ld /zerg/logs; zerg-worker-agent; echo agent-exit=$?";
+    let (code, text) = run_in(&docker, from, &["sh", "-c", script]).await;
+    assert_eq!(code, 0, "{text}");
+    for want in [
+        "10001\n10001\n",
+        "worker:x:10001:10001:",
+        "home=/home/worker",
+        "/workspace",
+        "project-tool-ok",
+        "git version",
+        "drwxrwxrwt",
+        "zerg-worker-agent: ZERG_SOCKET is not set",
+        "agent-exit=1",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from {text:?}");
+    }
+    let labels = docker
+        .inspect_image(from)
+        .await
+        .unwrap()
+        .config
+        .and_then(|c| c.labels)
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("zerg.image.base").map(String::as_str),
+        Some(project)
+    );
+
+    // A base without git: refused, naming git.
+    docker_build(
+        &docker,
+        no_git,
+        &format!("FROM {project}\nUSER 0\nRUN rm -f \"$(command -v git)\"\n"),
+    )
+    .await;
+    let err = build(&opts(from_no_git, no_git))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("has no: git"), "{err}");
+
+    // A base without a shell (a root filesystem of one file): refused, naming the shell.
+    let mut fs_ = Rootfs::default();
+    fs_.data("etc/hostname", "x\n".into(), 0o644);
+    let tar = fs_.to_tar().unwrap();
+    let (repo, tag) = split_tag(no_shell);
+    let import = CreateImageOptionsBuilder::new()
+        .from_src("-")
+        .repo(repo)
+        .tag(tag)
+        .build();
+    let mut stream = std::pin::pin!(docker.create_image(
+        Some(import),
+        Some(bollard::body_full(tar.into())),
+        None
+    ));
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+    }
+    let err = build(&opts(from_no_shell, no_shell))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("has no shell (/bin/sh)"), "{err}");
+
+    // A base that is not on this machine: named, with no registry contacted.
+    let err = build(&opts(from_no_shell, "zerg-from-test:absent"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--from zerg-from-test:absent: no such image on this machine"),
+        "{err}"
+    );
+
+    remove_images(
+        &docker,
+        &[
+            from,
+            from_no_git,
+            from_no_shell,
+            no_shell,
+            no_git,
+            project,
+            root,
+        ],
+    )
+    .await;
 }
