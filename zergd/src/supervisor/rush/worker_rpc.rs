@@ -779,7 +779,7 @@ impl Rush {
                     } else if self.doc.rush.mode == Mode::Subprocess {
                         ": install it for the user zergd runs as, or make it in the worktree with worktree.setup in .zerg/config.yaml"
                     } else {
-                        ": add it to the worker image (container.image), or make it in the worktree with worktree.setup in .zerg/config.yaml"
+                        ": add it to the worker image (container.image; `zergctl image build --from YOUR-IMAGE` layers the worker onto your project's own), or make it in the worktree with worktree.setup in .zerg/config.yaml"
                     };
                     let reason = format!(
                         "environment error on worker {w} (task {t}): {}{fix}. Then `zergctl retry {}`",
