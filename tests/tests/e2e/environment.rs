@@ -213,3 +213,74 @@ fn a_gitignored_file_the_tests_need_but_nobody_copied_pauses_the_rush_naming_wor
         "no attempt was spent: {log}"
     );
 }
+
+/// Builds `dockerfile` into `tag` with the docker CLI (the classic builder, which takes a
+/// local base image without asking any registry), as a user builds their project's image.
+fn docker_build(tag: &str, dockerfile: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", tag, "-"])
+        .env("DOCKER_BUILDKIT", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("docker runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(dockerfile.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker build {tag}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_container_rush_runs_in_an_image_built_from_the_projects_own_with_its_copied_env() {
+    if !crate::container::docker_ready() {
+        return;
+    }
+    // The project's own image: the tools its tests use (`zz-check`, which reads `.env`), a
+    // shell and git, as root, with no zerg agent and no `worker` user.
+    let (project, worker_image) = ("zerg-project:e2e", "zerg-worker:e2e-from-project");
+    docker_build(
+        project,
+        &format!(
+            "FROM {}\nUSER 0\nRUN sed -i '/^worker:/d' /etc/passwd /etc/group && rm -f /usr/local/bin/zerg-worker-agent && printf '#!/bin/sh\\ngrep -q GREETING=hello .env && test -f \"$1\"\\n' > /usr/local/bin/zz-check && chmod 755 /usr/local/bin/zz-check\n",
+            crate::container::IMAGE
+        ),
+    );
+    let out = std::process::Command::new(bin("zergctl"))
+        .args([
+            "image",
+            "build",
+            "--from",
+            project,
+            "--tag",
+            worker_image,
+            "--agent",
+        ])
+        .arg(bin("zerg-worker-agent"))
+        .output()
+        .unwrap();
+    ok(&out);
+
+    let repo = python_project();
+    repo.write_graph("cf", &graph_verified_by("cf", "zz-check"));
+    repo.configure(&crate::container::container_cfg(worker_image).set("worktree.copy", [".env"]));
+    let ctx = crate::container::cdaemon();
+    crate::container::start_detached(&ctx.d, &repo, "cf", 2);
+    let st = ctx.d.wait_end(&repo.path, "cf", crate::container::T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    assert!(!monitor(&repo).contains("verification_failed"));
+    crate::container::wait_no_containers(st["rush_id"].as_str().unwrap_or_default());
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", "-f", worker_image, project])
+        .output();
+}
