@@ -225,17 +225,7 @@ async fn offline_image_builds_caches_and_runs() {
     ] {
         assert!(out.1.contains(want), "{want:?} missing from {:?}", out.1);
     }
-    let _ = docker
-        .remove_image(
-            &opts.tag,
-            Some(
-                bollard::query_parameters::RemoveImageOptionsBuilder::new()
-                    .force(true)
-                    .build(),
-            ),
-            None,
-        )
-        .await;
+    remove_images(&docker, &[&opts.tag]).await;
 }
 
 async fn run_in(docker: &Docker, image: &str, cmd: &[&str]) -> (i64, String) {

@@ -750,52 +750,27 @@ impl Rush {
             }
             Some(FailKind::AuthFailed) => {
                 self.requeue(&t, "the agent CLI is not logged in", wall);
-                if self.state() == RushState::Running {
-                    let reason = format!(
-                        "{}. Then `zergctl retry {}`",
-                        req.message.trim_end_matches('.'),
-                        self.feature()
-                    );
-                    self.set_state(RushState::Paused, &reason);
-                    self.event(
-                        wall,
-                        Source::Worker(w),
-                        Level::Error,
-                        "agent_not_logged_in",
-                        format!("Worker {w}: rush paused: {reason}"),
-                        json!({"task_id": t, "worker_id": w}),
-                    );
-                }
+                let cause = req.message.trim_end_matches('.').to_string();
+                self.pause_for_worker(w, &t, "agent_not_logged_in", &cause, wall);
             }
             Some(FailKind::Environment) => {
                 // No attempt can succeed until someone fixes the environment: the attempt is
                 // not counted, and the rush pauses once, whichever worker saw it first.
                 self.requeue(&t, "the worker's environment cannot run the task", wall);
-                if self.state() == RushState::Running {
-                    // A failed setup names its own fix; a missing program gets the one that
-                    // fits where the workers run.
-                    let fix = if req.message.contains("worktree.setup") {
-                        ""
-                    } else if self.doc.rush.mode == Mode::Subprocess {
-                        ": install it for the user zergd runs as, or make it in the worktree with worktree.setup in .zerg/config.yaml"
-                    } else {
-                        ": add it to the worker image (container.image; `zergctl image build --from YOUR-IMAGE` layers the worker onto your project's own), or make it in the worktree with worktree.setup in .zerg/config.yaml"
-                    };
-                    let reason = format!(
-                        "environment error on worker {w} (task {t}): {}{fix}. Then `zergctl retry {}`",
-                        req.message.trim_end_matches('.'),
-                        self.feature()
-                    );
-                    self.set_state(RushState::Paused, &reason);
-                    self.event(
-                        wall,
-                        Source::Worker(w),
-                        Level::Error,
-                        "environment_error",
-                        format!("Worker {w}: rush paused: {reason}"),
-                        json!({"task_id": t, "worker_id": w}),
-                    );
-                }
+                // A failed setup names its own fix; a missing program gets the one that fits
+                // where the workers run.
+                let fix = if req.message.contains("worktree.setup") {
+                    ""
+                } else if self.doc.rush.mode == Mode::Subprocess {
+                    ": install it for the user zergd runs as, or make it in the worktree with worktree.setup in .zerg/config.yaml"
+                } else {
+                    ": add it to the worker image (container.image; `zergctl image build --from YOUR-IMAGE` layers the worker onto your project's own), or make it in the worktree with worktree.setup in .zerg/config.yaml"
+                };
+                let cause = format!(
+                    "environment error on worker {w} (task {t}): {}{fix}",
+                    req.message.trim_end_matches('.')
+                );
+                self.pause_for_worker(w, &t, "environment_error", &cause, wall);
             }
             Some(FailKind::ApiUnreachable) => {
                 self.unreachable_from.insert(w);
@@ -812,6 +787,24 @@ impl Rush {
         self.check_level_done(now, wall, fx);
         self.dispatch(now, wall, fx);
         Ok(())
+    }
+
+    /// Pauses a running rush for what worker `w` reported on task `t` (once: a rush that is
+    /// already paused stays as it is), with `cause` and how to resume as the reason.
+    fn pause_for_worker(&mut self, w: u32, t: &str, kind: &str, cause: &str, wall: SystemTime) {
+        if self.state() != RushState::Running {
+            return;
+        }
+        let reason = format!("{cause}. Then `zergctl retry {}`", self.feature());
+        self.set_state(RushState::Paused, &reason);
+        self.event(
+            wall,
+            Source::Worker(w),
+            Level::Error,
+            kind,
+            format!("Worker {w}: rush paused: {reason}"),
+            json!({"task_id": t, "worker_id": w}),
+        );
     }
 
     /// An escalation from a worker.
