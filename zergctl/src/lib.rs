@@ -265,6 +265,10 @@ pub enum ImageCommand {
         /// registry): adds the agent, the `worker` user (uid/gid 10001), and checks for sh and git.
         #[arg(long, value_name = "IMAGE", conflicts_with = "offline")]
         from: Option<String>,
+        /// Like --from, with the base `.devcontainer/devcontainer.json` names (`image`, or
+        /// `build.dockerfile` built first) in the current directory's repository.
+        #[arg(long, conflicts_with_all = ["offline", "from"])]
+        devcontainer: bool,
     },
 }
 
@@ -372,6 +376,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                     agent,
                     with,
                     from,
+                    devcontainer,
                 },
         } => {
             let opts = image::BuildOptions {
@@ -380,6 +385,11 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
                 agent,
                 with,
                 from,
+                devcontainer: if devcontainer {
+                    Some(PathBuf::from(repo_arg(None)?))
+                } else {
+                    None
+                },
             };
             let id = image::build(&opts)
                 .await

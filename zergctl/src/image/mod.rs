@@ -75,6 +75,8 @@ pub struct BuildOptions {
     pub with: Vec<PathBuf>,
     /// A local image to layer the worker onto (`--from`): the project's own environment.
     pub from: Option<String>,
+    /// A repository whose `.devcontainer/devcontainer.json` names the base (`--devcontainer`).
+    pub devcontainer: Option<PathBuf>,
 }
 
 impl Default for BuildOptions {
@@ -85,6 +87,7 @@ impl Default for BuildOptions {
             agent: None,
             with: Vec::new(),
             from: None,
+            devcontainer: None,
         }
     }
 }
@@ -127,6 +130,30 @@ fn input(message: impl Into<String>) -> ImageError {
 pub async fn build(opts: &BuildOptions) -> Result<String, ImageError> {
     let agent = agent_path(opts)?;
     let docker = connect().await?;
+    if let Some(repo) = &opts.devcontainer {
+        let base = match devcontainer::read(repo)? {
+            devcontainer::Base::Image(image) => image,
+            devcontainer::Base::Build {
+                dockerfile,
+                context,
+                args,
+                target,
+            } => {
+                let tag = format!("{}-devcontainer-base", opts.tag);
+                build_devcontainer(
+                    &docker,
+                    &tag,
+                    &dockerfile,
+                    &context,
+                    &args,
+                    target.as_deref(),
+                )
+                .await?;
+                tag
+            }
+        };
+        return build_from(&docker, opts, &agent, &base).await;
+    }
     if let Some(base) = &opts.from {
         return build_from(&docker, opts, &agent, base).await;
     }
@@ -288,6 +315,16 @@ async fn build_context(
         .rm(true)
         .forcerm(true)
         .build();
+    run_build(docker, options, context).await?;
+    image_id(docker, &opts.tag).await
+}
+
+/// Runs one build on the engine, its last lines of output in the error when it fails.
+async fn run_build(
+    docker: &Docker,
+    options: bollard::query_parameters::BuildImageOptions,
+    context: Vec<u8>,
+) -> Result<(), ImageError> {
     let mut stream =
         std::pin::pin!(docker.build_image(options, None, Some(bollard::body_full(context.into()))));
     let mut tail: VecDeque<String> = VecDeque::new();
@@ -309,7 +346,44 @@ async fn build_context(
             }
         }
     }
-    image_id(docker, &opts.tag).await
+    Ok(())
+}
+
+/// Builds a devcontainer's Dockerfile into `tag`, as the Dev Containers tools would.
+async fn build_devcontainer(
+    docker: &Docker,
+    tag: &str,
+    dockerfile: &Path,
+    context: &Path,
+    args: &HashMap<String, String>,
+    target: Option<&str>,
+) -> Result<(), ImageError> {
+    let (ctx, dfile) = {
+        let (c, d) = (context.to_path_buf(), dockerfile.to_path_buf());
+        tokio::task::spawn_blocking(move || devcontainer::context_tar(&c, &d))
+            .await
+            .map_err(|e| input(format!("context assembly panicked: {e}")))??
+    };
+    let mut options = BuildImageOptionsBuilder::new()
+        .dockerfile(&dfile)
+        .t(tag)
+        .rm(true)
+        .forcerm(true)
+        .buildargs(args);
+    if let Some(t) = target {
+        options = options.target(t);
+    }
+    run_build(docker, options.build(), ctx)
+        .await
+        .map_err(|e| match e {
+            ImageError::Engine { message } => ImageError::Engine {
+                message: format!(
+                    "the devcontainer's Dockerfile {}: {message}",
+                    dockerfile.display()
+                ),
+            },
+            other => other,
+        })
 }
 
 /// The build context: the Dockerfile (with a `COPY` per extra binary) and the binaries.
@@ -400,6 +474,7 @@ fn explain_from_failure(base: &str, message: &str) -> String {
     }
 }
 
+pub mod devcontainer;
 mod rootfs;
 #[cfg(test)]
 mod tests;

@@ -192,6 +192,7 @@ async fn offline_image_builds_caches_and_runs() {
         agent: Some(agent),
         with: vec![PathBuf::from("/bin/true")],
         from: None,
+        devcontainer: None,
     };
     let id = build(&opts).await.unwrap();
     let created = |docker: &Docker| {
@@ -336,6 +337,7 @@ async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker()
         agent: Some(agent.clone()),
         with: vec![],
         from: None,
+        devcontainer: None,
     })
     .await
     .unwrap();
@@ -368,6 +370,7 @@ async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker()
         agent: Some(agent.clone()),
         with: vec![],
         from: Some(base.into()),
+        devcontainer: None,
     };
     build(&opts(from, project)).await.unwrap();
     let script = "id -u; id -g; grep '^worker:x:10001:10001:' /etc/passwd; echo home=$HOME; pwd; project-tool; git --version; ls -ld /zerg/logs; zerg-worker-agent; echo agent-exit=$?";
@@ -444,6 +447,72 @@ async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker()
         err.contains("--from zerg-from-test:absent: no such image on this machine"),
         "{err}"
     );
+
+    // `--devcontainer`: the Dockerfile devcontainer.json names (with comments, a build arg and
+    // a context one level up) is built first, then the worker is layered onto it.
+    let repo = tempfile::tempdir().unwrap();
+    fs::create_dir_all(repo.path().join(".devcontainer")).unwrap();
+    fs::write(repo.path().join("project-file.txt"), "from-the-context\n").unwrap();
+    fs::write(
+        repo.path().join(".devcontainer/Dockerfile"),
+        format!("FROM {project}\nARG MARK\nCOPY project-file.txt /etc/project-file.txt\nRUN printf '%s' \"$MARK\" > /etc/devc-mark\n"),
+    )
+    .unwrap();
+    fs::write(
+        repo.path().join(".devcontainer/devcontainer.json"),
+        r#"{
+  // what VS Code reads too
+  "name": "project",
+  "build": {"dockerfile": "Dockerfile", "context": "..", "args": {"MARK": "devc-ok"},},
+}"#,
+    )
+    .unwrap();
+    let devc = "zerg-from-test:devcontainer";
+    build(&BuildOptions {
+        devcontainer: Some(repo.path().to_path_buf()),
+        ..opts(devc, "unused")
+    })
+    .await
+    .unwrap();
+    let (code, text) = run_in(
+        &docker,
+        devc,
+        &[
+            "sh",
+            "-c",
+            "cat /etc/devc-mark /etc/project-file.txt; id -u; project-tool",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{text}");
+    for want in ["devc-ok", "from-the-context", "10001", "project-tool-ok"] {
+        assert!(text.contains(want), "{want:?} missing from {text:?}");
+    }
+    let devc_base = format!("{devc}-devcontainer-base");
+    // `image` instead of `build`: that image is the base.
+    fs::write(
+        repo.path().join(".devcontainer/devcontainer.json"),
+        format!(r#"{{"image": "{project}"}}"#),
+    )
+    .unwrap();
+    build(&BuildOptions {
+        devcontainer: Some(repo.path().to_path_buf()),
+        ..opts(devc, "unused")
+    })
+    .await
+    .unwrap();
+    let labels = docker
+        .inspect_image(devc)
+        .await
+        .unwrap()
+        .config
+        .and_then(|c| c.labels)
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("zerg.image.base").map(String::as_str),
+        Some(project)
+    );
+    remove_images(&docker, &[devc, &devc_base]).await;
 
     remove_images(
         &docker,
