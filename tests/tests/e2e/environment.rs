@@ -38,14 +38,17 @@ fn graph_verified_by(feature: &str, verify: &str) -> String {
 }
 
 /// A small Python project, committed: its test (`check_env.py`) reads the gitignored `.env`
-/// and must run in the project's venv. The `.env` is in the checkout, not in git.
+/// and must run in the project's venv. The `.env` (mode 0600) is in the checkout, not in git.
 fn python_project() -> TestRepo {
     let repo = TestRepo::new();
     std::fs::write(repo.path.join("check_env.py"), CHECK_ENV).unwrap();
     std::fs::write(repo.path.join(".gitignore"), GITIGNORE).unwrap();
     git(&repo.path, &["add", "check_env.py", ".gitignore"]);
     git(&repo.path, &["commit", "-q", "-m", "a python project"]);
-    std::fs::write(repo.path.join(".env"), "# local settings\nGREETING=hello\n").unwrap();
+    // Private, as a file of secrets is.
+    let env = repo.path.join(".env");
+    std::fs::write(&env, "# local settings\nGREETING=hello\n").unwrap();
+    std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o600)).unwrap();
     repo
 }
 
