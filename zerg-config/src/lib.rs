@@ -74,6 +74,9 @@ pub struct WorktreeConfig {
     /// worktree: paths or git glob pathspecs (`.env`, `config/*.local.json`, `secrets/`),
     /// relative to the repository root. Tracked files are never copied (they are there already).
     pub copy: Vec<String>,
+    /// The most `copy` may bring into each worktree (MiB, all files together); more is an
+    /// error at rush start naming the largest files.
+    pub copy_max_mb: u64,
     /// Shell commands run in order in a worker's worktree before its first task, and again
     /// when a level merge changed any file of `setup_when_changed`; also in the staging
     /// worktree before the quality gates. A failure pauses the rush (an environment error),
@@ -109,6 +112,9 @@ impl WorktreeConfig {
                 }
             }
         }
+        if self.copy_max_mb == 0 {
+            return Err("worktree.copy_max_mb: must be at least 1".into());
+        }
         for (i, c) in self.setup.iter().enumerate() {
             if c.trim().is_empty() {
                 return Err(format!("worktree.setup[{i}]: must not be empty"));
@@ -122,6 +128,7 @@ impl Default for WorktreeConfig {
     fn default() -> Self {
         Self {
             copy: Vec::new(),
+            copy_max_mb: 64,
             setup: Vec::new(),
             setup_when_changed: Vec::new(),
             setup_timeout_seconds: Duration::from_secs(600),

@@ -88,6 +88,26 @@ pub fn copy_into(repo: &Path, files: &[CopiedFile], dst: &Path) -> Result<u64, S
     Ok(total)
 }
 
+/// Refuses copies larger than `max_mb` MiB in all, naming the largest files.
+pub fn check_size(files: &[CopiedFile], max_mb: u64) -> Result<(), String> {
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    if total <= max_mb.saturating_mul(1 << 20) {
+        return Ok(());
+    }
+    let mut big: Vec<&CopiedFile> = files.iter().collect();
+    big.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let largest: Vec<String> = big
+        .iter()
+        .take(5)
+        .map(|f| format!("{} ({} bytes)", f.path, f.size))
+        .collect();
+    Err(format!(
+        "worktree.copy: {} file(s), {total} bytes, more than worktree.copy_max_mb ({max_mb} MiB) for each worktree; name fewer files or raise the limit. The largest: {}",
+        files.len(),
+        largest.join(", ")
+    ))
+}
+
 /// What a rush's start says about the copies: which files leave the checkout, and their size.
 pub fn summary(files: &[CopiedFile]) -> String {
     let bytes: u64 = files.iter().map(|f| f.size).sum();
@@ -139,6 +159,23 @@ mod tests {
             summary(&got).contains(".env, secrets/deep/k"),
             "{}",
             summary(&got)
+        );
+        assert!(check_size(&got, 1).is_ok());
+        let huge = vec![
+            CopiedFile {
+                path: "a.bin".into(),
+                size: 3 << 20,
+            },
+            CopiedFile {
+                path: ".env".into(),
+                size: 10,
+            },
+        ];
+        let err = check_size(&huge, 2).unwrap_err();
+        assert!(
+            err.contains("more than worktree.copy_max_mb (2 MiB)")
+                && err.contains("a.bin (3145728 bytes)"),
+            "{err}"
         );
     }
 

@@ -192,7 +192,7 @@ impl Supervisor {
                                 r.doc.rush.workers,
                                 &r.doc.rush.staging_head,
                                 &r.doc.rush.base_commit,
-                                &r.config.worktree.copy,
+                                &r.config.worktree,
                             )
                         })
                     };

@@ -158,7 +158,7 @@ impl Supervisor {
         let r = &self.rushes[rush_id];
         let mode = r.doc.rush.mode;
         let base = r.doc.rush.base_commit.clone();
-        let copy = r.config.worktree.copy.clone();
+        let copy = r.config.worktree.clone();
         if !fx.escalations.is_empty() {
             let dir = r.paths.state_dir.clone();
             let list = fx.escalations.clone();

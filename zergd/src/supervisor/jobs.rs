@@ -223,7 +223,7 @@ pub fn prepare_fresh(
     let worktrees: Vec<PathBuf> = std::iter::once(paths.staging_worktree())
         .chain((0..workers).map(|w| paths.worker_worktree(w)))
         .collect();
-    let copied = copy_ignored(repo, &config.worktree.copy, &worktrees)?;
+    let copied = copy_ignored(repo, &config.worktree, &worktrees)?;
     if !copied.is_empty() && mode.is_remote() {
         warnings.push(format!(
             "worktree.copy: {mode} workers do not get the copies yet (only subprocess and container workers do); the staging worktree, where the gates run, does"
@@ -418,7 +418,7 @@ pub fn ensure_worktrees(
     workers: u32,
     staging_head: &str,
     base: &str,
-    copy: &[String],
+    copy: &crate::config::WorktreeConfig,
 ) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
     let trusted = git::Trusted::new(repo, base);
@@ -444,15 +444,17 @@ pub fn ensure_worktrees(
     Ok(())
 }
 
-/// `worktree.copy`: copies the ignored files of the checkout that `patterns` name into each
-/// of `worktrees`, and returns them.
+/// `worktree.copy`: copies the ignored files of the checkout that it names into each of
+/// `worktrees`, and returns them; more than `worktree.copy_max_mb` is refused.
 pub fn copy_ignored(
     repo: &Path,
-    patterns: &[String],
+    config: &crate::config::WorktreeConfig,
     worktrees: &[PathBuf],
 ) -> Result<Vec<crate::worktree_copy::CopiedFile>, SupervisorError> {
-    let files =
-        crate::worktree_copy::list(repo, patterns).map_err(SupervisorError::invalid_argument)?;
+    let files = crate::worktree_copy::list(repo, &config.copy)
+        .map_err(SupervisorError::invalid_argument)?;
+    crate::worktree_copy::check_size(&files, config.copy_max_mb)
+        .map_err(SupervisorError::invalid_argument)?;
     for wt in worktrees {
         crate::worktree_copy::copy_into(repo, &files, wt).map_err(SupervisorError::internal)?;
     }
