@@ -287,3 +287,49 @@ fn a_container_rush_runs_in_an_image_built_from_the_projects_own_with_its_copied
         .args(["rmi", "-f", worker_image, project])
         .output();
 }
+
+#[test]
+fn setup_runs_again_only_when_a_level_merge_changed_a_setup_when_changed_file() {
+    let repo = TestRepo::new();
+    std::fs::write(repo.path.join("requirements.txt"), "first==1\n").unwrap();
+    git(&repo.path, &["add", "requirements.txt"]);
+    git(&repo.path, &["commit", "-q", "-m", "requirements"]);
+    // Level 1 changes the lock file; level 2 has two tasks on the one worker, with the same
+    // base: setup runs before the first task, once after the merge, and not again.
+    repo.write_graph(
+        "sw",
+        &json!({"feature": "sw", "tasks": [
+            {"id": "S-L1-001", "title": "bump", "level": 1,
+             "files": {"create": [], "modify": ["requirements.txt"], "read": []}},
+            {"id": "S-L2-001", "title": "a", "level": 2, "dependencies": ["S-L1-001"],
+             "files": {"create": ["a.txt"], "modify": [], "read": []}},
+            {"id": "S-L2-002", "title": "b", "level": 2, "dependencies": ["S-L1-001"],
+             "files": {"create": ["b.txt"], "modify": [], "read": []}}
+        ]})
+        .to_string(),
+    );
+    let runs = repo.path.parent().unwrap().join("setup-runs");
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set(
+                "worktree.setup",
+                [format!("sha1sum requirements.txt >> '{}'", runs.display())],
+            )
+            .set("worktree.setup_when_changed", ["requirements.txt"]),
+    );
+    let d = Daemon::start();
+    ok(&d.ctl_in(&repo.path, &["rush", "sw", "--workers", "1", "--detach"]));
+    let st = d.wait_end(&repo.path, "sw", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    let lines: Vec<String> = std::fs::read_to_string(&runs)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 2, "setup runs: {lines:?}");
+    assert_ne!(
+        lines[0], lines[1],
+        "the second run saw the new lock file: {lines:?}"
+    );
+}
