@@ -158,7 +158,7 @@ impl Supervisor {
         let r = &self.rushes[rush_id];
         let mode = r.doc.rush.mode;
         let base = r.doc.rush.base_commit.clone();
-        let copy = r.config.worktree.clone();
+        let worktree_cfg = r.config.worktree.clone();
         if !fx.escalations.is_empty() {
             let dir = r.paths.state_dir.clone();
             let list = fx.escalations.clone();
@@ -171,7 +171,7 @@ impl Supervisor {
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
             let base = base.clone();
-            let copy = copy.clone();
+            let worktree_cfg = worktree_cfg.clone();
             tokio::spawn(async move {
                 let result = async {
                     let launcher = launchers.get(mode).await?;
@@ -194,7 +194,7 @@ impl Supervisor {
                         if !mode.is_remote() {
                             super::jobs::copy_ignored(
                                 &spec.repo,
-                                &copy,
+                                &worktree_cfg,
                                 std::slice::from_ref(&spec.worktree),
                             )
                             .map_err(|e| SpawnError::new(e.to_string()))?;

@@ -220,10 +220,9 @@ pub fn prepare_fresh(
         )
         .map_err(internal("creating a worker worktree"))?;
     }
-    let worktrees: Vec<PathBuf> = std::iter::once(paths.staging_worktree())
-        .chain((0..workers).map(|w| paths.worker_worktree(w)))
-        .collect();
-    let copied = copy_ignored(repo, &config.worktree, &worktrees)?;
+    // Into the staging worktree now; each worker's worktree gets them when the worker is
+    // started (and again at a respawn).
+    let copied = copy_ignored(repo, &config.worktree, &[paths.staging_worktree()])?;
     if !copied.is_empty() && mode.is_remote() {
         warnings.push(format!(
             "worktree.copy: {mode} workers do not get the copies yet (only subprocess and container workers do); the staging worktree, where the gates run, does"
@@ -418,7 +417,7 @@ pub fn ensure_worktrees(
     workers: u32,
     staging_head: &str,
     base: &str,
-    copy: &crate::config::WorktreeConfig,
+    worktree: &crate::config::WorktreeConfig,
 ) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
     let trusted = git::Trusted::new(repo, base);
@@ -440,7 +439,7 @@ pub fn ensure_worktrees(
         )
         .map_err(internal("creating a worker worktree"))?;
     }
-    copy_ignored(repo, copy, &[paths.staging_worktree()])?;
+    copy_ignored(repo, worktree, &[paths.staging_worktree()])?;
     Ok(())
 }
 
