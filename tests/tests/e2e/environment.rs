@@ -27,6 +27,21 @@ fn ok(out: &std::process::Output) {
     );
 }
 
+/// Starts a detached rush of `feature` on `workers` workers, waits until it is no longer
+/// running, asserts it paused and returns the reason.
+fn rush_until_paused(d: &Daemon, repo: &TestRepo, feature: &str, workers: &str) -> String {
+    ok(&d.ctl_in(
+        &repo.path,
+        &["rush", feature, "--workers", workers, "--detach"],
+    ));
+    let st = d.wait_for(&repo.path, feature, T, "the rush to pause", |s| {
+        s["state"] != "running" && s["state"] != "pending"
+    });
+    assert_eq!(st["state"], "paused", "{st}\n{}", monitor(repo));
+    assert_eq!(tasks_with(&st, "failed"), Vec::<String>::new(), "{st}");
+    st["reason"].as_str().unwrap_or_default().to_string()
+}
+
 /// The twelve-task graph with each task verified by `verify <the file it creates>`.
 fn graph_verified_by(feature: &str, verify: &str) -> String {
     let mut g: Value = serde_json::from_str(&graph_12(feature)).unwrap();
@@ -131,12 +146,7 @@ fn a_verification_command_that_is_not_installed_pauses_the_rush_once_naming_the_
         std::env::var("PATH").unwrap_or_default()
     );
     let d = Daemon::builder().env("PATH", path).start();
-    ok(&d.ctl_in(&repo.path, &["rush", "nf", "--workers", "3", "--detach"]));
-    let st = d.wait_for(&repo.path, "nf", T, "the rush to pause", |s| {
-        s["state"] == "paused" || s["state"] == "complete" || s["state"] == "failed"
-    });
-    assert_eq!(st["state"], "paused", "{st}");
-    let reason = st["reason"].as_str().unwrap_or_default();
+    let reason = rush_until_paused(&d, &repo, "nf", "3");
     assert!(
         reason.contains("`zz-check` is not installed") && reason.contains("worktree.setup"),
         "{reason}"
@@ -173,18 +183,13 @@ fn a_failed_worktree_setup_pauses_the_rush_naming_the_command_instead_of_failing
             .set("worktree.setup", ["echo preparing", "exit 3"]),
     );
     let d = Daemon::start();
-    ok(&d.ctl_in(&repo.path, &["rush", "sf", "--workers", "2", "--detach"]));
-    let st = d.wait_for(&repo.path, "sf", T, "the rush to pause", |s| {
-        s["state"] != "running" && s["state"] != "pending"
-    });
-    assert_eq!(st["state"], "paused", "{st}");
-    let reason = st["reason"].as_str().unwrap_or_default();
+    let reason = rush_until_paused(&d, &repo, "sf", "2");
     assert!(
         reason.contains("worktree.setup[1] `exit 3` failed (exit 3)"),
         "{reason}"
     );
+    let st = d.status(&repo.path, "sf").expect("status");
     assert_eq!(tasks_with(&st, "complete"), Vec::<String>::new(), "{st}");
-    assert_eq!(tasks_with(&st, "failed"), Vec::<String>::new(), "{st}");
 }
 
 #[test]
@@ -200,12 +205,7 @@ fn a_gitignored_file_the_tests_need_but_nobody_copied_pauses_the_rush_naming_wor
         ["python3 -m venv --system-site-packages .venv"],
     ));
     let d = Daemon::start();
-    ok(&d.ctl_in(&repo.path, &["rush", "nc", "--workers", "2", "--detach"]));
-    let st = d.wait_for(&repo.path, "nc", T, "the rush to pause", |s| {
-        s["state"] != "running" && s["state"] != "pending"
-    });
-    assert_eq!(st["state"], "paused", "{st}");
-    let reason = st["reason"].as_str().unwrap_or_default();
+    let reason = rush_until_paused(&d, &repo, "nc", "2");
     assert!(
         reason.contains("`.env` is missing from the worktree") && reason.contains("worktree.copy"),
         "{reason}"

@@ -283,6 +283,12 @@ async fn docker_build(docker: &Docker, tag: &str, dockerfile: &str) {
     }
 }
 
+/// The `zerg.image.base` label of `tag`: the base a `--from` build layered onto.
+async fn base_label(docker: &Docker, tag: &str) -> Option<String> {
+    let labels = docker.inspect_image(tag).await.ok()?.config?.labels?;
+    labels.get("zerg.image.base").cloned()
+}
+
 async fn remove_images(docker: &Docker, tags: &[&str]) {
     for t in tags {
         let _ = docker
@@ -389,17 +395,7 @@ async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker()
     ] {
         assert!(text.contains(want), "{want:?} missing from {text:?}");
     }
-    let labels = docker
-        .inspect_image(from)
-        .await
-        .unwrap()
-        .config
-        .and_then(|c| c.labels)
-        .unwrap_or_default();
-    assert_eq!(
-        labels.get("zerg.image.base").map(String::as_str),
-        Some(project)
-    );
+    assert_eq!(base_label(&docker, from).await.as_deref(), Some(project));
 
     // A base without git: refused, naming git.
     docker_build(
@@ -501,17 +497,7 @@ async fn an_image_built_from_a_local_base_keeps_its_tools_and_gains_the_worker()
     })
     .await
     .unwrap();
-    let labels = docker
-        .inspect_image(devc)
-        .await
-        .unwrap()
-        .config
-        .and_then(|c| c.labels)
-        .unwrap_or_default();
-    assert_eq!(
-        labels.get("zerg.image.base").map(String::as_str),
-        Some(project)
-    );
+    assert_eq!(base_label(&docker, devc).await.as_deref(), Some(project));
     remove_images(&docker, &[devc, &devc_base]).await;
 
     remove_images(
