@@ -55,8 +55,14 @@ pub fn list(repo: &Path, patterns: &[String]) -> Result<Vec<CopiedFile>, String>
 }
 
 /// Copies `files` from `repo` into the worktree `dst`, at the same paths, with the same
-/// permission bits; what is there already is replaced. Returns the bytes written.
-pub fn copy_into(repo: &Path, files: &[CopiedFile], dst: &Path) -> Result<u64, String> {
+/// permission bits (and, with `readable_by`, group read for that gid); what is there already
+/// is replaced. Returns the bytes written.
+pub fn copy_into(
+    repo: &Path,
+    files: &[CopiedFile],
+    dst: &Path,
+    readable_by: Option<u32>,
+) -> Result<u64, String> {
     if files.is_empty() {
         return Ok(0);
     }
@@ -83,6 +89,9 @@ pub fn copy_into(repo: &Path, files: &[CopiedFile], dst: &Path) -> Result<u64, S
             root.make_dirs(parent, 0o755).map_err(what)?
         };
         dir.write_new(name, &bytes, mode).map_err(what)?;
+        if let Some(gid) = readable_by {
+            dir.grant_file(name, gid, 0o040).map_err(what)?;
+        }
         total += bytes.len() as u64;
     }
     Ok(total)
@@ -189,7 +198,7 @@ mod tests {
         std::os::unix::fs::symlink(&victim, dst.path().join(".env")).unwrap();
         std::os::unix::fs::symlink(dst.path().join("elsewhere"), dst.path().join("secrets"))
             .unwrap();
-        let n = copy_into(r.path(), &files, dst.path()).unwrap();
+        let n = copy_into(r.path(), &files, dst.path(), None).unwrap();
         assert_eq!(n, 7);
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(

@@ -193,6 +193,7 @@ impl Supervisor {
                                 &r.doc.rush.staging_head,
                                 &r.doc.rush.base_commit,
                                 &r.config.worktree,
+                                jobs::gate_reader(mode, &r.config),
                             )
                         })
                     };

@@ -196,6 +196,7 @@ impl Supervisor {
                                 &spec.repo,
                                 &worktree_cfg,
                                 std::slice::from_ref(&spec.worktree),
+                                None,
                             )
                             .map_err(|e| SpawnError::new(e.to_string()))?;
                         }

@@ -14,7 +14,7 @@ use super::rush::{
     IndexJob, Indexed, MergeJob, MergeResult, RushPaths, staging_branch, worker_branch,
 };
 use crate::clock::iso_millis;
-use crate::config::{Config, QualityGate};
+use crate::config::{Config, GatesRunOn, QualityGate};
 use crate::domain::{LevelStatus, MergeStatus, Mode, RushState, TaskStatus, WorkerStatus};
 use crate::git::{self, MergeOutcome};
 use crate::state::{FORMAT_VERSION, LevelState, RushMeta, StateDoc, TaskState, WorkerState};
@@ -222,7 +222,12 @@ pub fn prepare_fresh(
     }
     // Into the staging worktree now; each worker's worktree gets them when the worker is
     // started (and again at a respawn).
-    let copied = copy_ignored(repo, &config.worktree, &[paths.staging_worktree()])?;
+    let copied = copy_ignored(
+        repo,
+        &config.worktree,
+        &[paths.staging_worktree()],
+        gate_reader(mode, &config),
+    )?;
     if !copied.is_empty() && mode.is_remote() {
         warnings.push(format!(
             "worktree.copy: {mode} workers do not get the copies yet (only subprocess and container workers do); the staging worktree, where the gates run, does"
@@ -418,6 +423,7 @@ pub fn ensure_worktrees(
     staging_head: &str,
     base: &str,
     worktree: &crate::config::WorktreeConfig,
+    readable_by: Option<u32>,
 ) -> Result<(), SupervisorError> {
     let repo = &paths.repo;
     let trusted = git::Trusted::new(repo, base);
@@ -439,8 +445,17 @@ pub fn ensure_worktrees(
         )
         .map_err(internal("creating a worker worktree"))?;
     }
-    copy_ignored(repo, worktree, &[paths.staging_worktree()])?;
+    copy_ignored(repo, worktree, &[paths.staging_worktree()], readable_by)?;
     Ok(())
+}
+
+/// The group that must read the staging worktree's copies: the workers' gid when the gates
+/// run in a container of the worker image as another user than zergd (zergd runs as root, the
+/// containers as uid 10001), so that a gate reads a `.env` of mode 0600 as a worker does.
+pub fn gate_reader(mode: Mode, config: &Config) -> Option<u32> {
+    let (_, gid, remapped) = zerg_launch::container::container_identity();
+    (remapped && mode != Mode::Subprocess && config.gates.run_on == GatesRunOn::WorkerImage)
+        .then_some(gid)
 }
 
 /// `worktree.copy`: copies the ignored files of the checkout that it names into each of
@@ -449,13 +464,15 @@ pub fn copy_ignored(
     repo: &Path,
     config: &crate::config::WorktreeConfig,
     worktrees: &[PathBuf],
+    readable_by: Option<u32>,
 ) -> Result<Vec<crate::worktree_copy::CopiedFile>, SupervisorError> {
     let files = crate::worktree_copy::list(repo, &config.copy)
         .map_err(SupervisorError::invalid_argument)?;
     crate::worktree_copy::check_size(&files, config.copy_max_mb)
         .map_err(SupervisorError::invalid_argument)?;
     for wt in worktrees {
-        crate::worktree_copy::copy_into(repo, &files, wt).map_err(SupervisorError::internal)?;
+        crate::worktree_copy::copy_into(repo, &files, wt, readable_by)
+            .map_err(SupervisorError::internal)?;
     }
     Ok(files)
 }
@@ -612,8 +629,8 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
         Err(e) => return MergeResult::Error(e.to_string()),
     };
     // The gates run the project's own commands: the staging worktree is set up as a worker's
-    // is, first. (Gates in the worker image run where this worktree is read-only: there the
-    // image must hold what they need.)
+    // is, first. (A gate in the worker image runs in a fresh copy of this worktree: the setup
+    // runs there, before the gate, see [`with_setup`].)
     if !gates.is_empty() && job.gate_image.is_none() {
         let (commands, limit) = &job.setup;
         let started = std::time::Instant::now();
@@ -851,7 +868,7 @@ fn run_gate_in_image(
         .take(24)
         .collect();
     c.name = format!("zerg-gate-{rush}-l{level}-{index}");
-    c.command = g.command.clone();
+    c.command = with_setup(&job.setup.0, &g.command);
     c.timeout = g.timeout;
     let run = async {
         let docker = zerg_launch::engine::connect_engine()
@@ -870,6 +887,22 @@ fn run_gate_in_image(
         },
         Err(_) => (false, "no runtime to run the gate's container in".into()),
     }
+}
+
+/// The command a gate container runs: `worktree.setup`'s commands, then the gate. Each gate
+/// container works in its own fresh copy of the staging worktree, so each sets it up; a setup
+/// command that fails ends the container with its exit status and a line naming it. The
+/// gate's timeout covers its setup.
+fn with_setup(setup: &[String], gate: &str) -> String {
+    let mut script = String::new();
+    for (i, cmd) in setup.iter().enumerate() {
+        let quoted = format!("'{}'", cmd.replace('\'', r"'\''"));
+        script.push_str(&format!(
+            "sh -c {quoted} || {{ s=$?; echo \"zerg: worktree.setup[{i}] failed with exit status $s\" >&2; exit $s; }}\n"
+        ));
+    }
+    script.push_str(gate);
+    script
 }
 
 /// A gate name usable in a file name.
@@ -915,6 +948,37 @@ pub fn cleanup_worktrees(paths: &RushPaths, feature: &str, workers: &BTreeMap<u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gate_container_runs_the_setup_first_and_stops_at_a_failed_setup_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let setup = vec![
+            "printf \"it's set up\" > venv.txt".to_string(),
+            "test -f venv.txt".to_string(),
+        ];
+        let (ok, out) = run_shell(
+            &with_setup(&setup, "cat venv.txt"),
+            dir.path(),
+            Duration::from_secs(60),
+            None,
+        );
+        assert!(ok, "{out}");
+        assert!(out.contains("it's set up"), "{out}");
+
+        let failing = vec!["true".to_string(), "exit 7".to_string()];
+        let (ok, out) = run_shell(
+            &with_setup(&failing, "echo gate ran"),
+            dir.path(),
+            Duration::from_secs(60),
+            None,
+        );
+        assert!(!ok);
+        assert!(
+            out.contains("worktree.setup[1] failed with exit status 7"),
+            "{out}"
+        );
+        assert!(!out.contains("gate ran"), "{out}");
+    }
 
     #[test]
     fn a_gate_that_prints_10_mb_passes_with_its_tail_kept_and_its_output_logged() {
