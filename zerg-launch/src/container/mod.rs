@@ -61,6 +61,8 @@ const WORKSPACE: &str = image::WORKSPACE;
 const LOG_MOUNT: &str = image::LOG_MOUNT;
 const RUN_MOUNT: &str = image::RUN_MOUNT;
 const HOME_IN_IMAGE: &str = image::HOME;
+/// Where the worker's cache is mounted (`XDG_CACHE_HOME`), inside its home.
+const CACHE_IN_IMAGE: &str = "/home/worker/.cache";
 /// Where the repository's real object store is visible (read-only) inside.
 const SHARED_OBJECTS: &str = "/zerg/shared-objects";
 /// How long the exit path waits for the log mirror to drain.

@@ -35,6 +35,9 @@ pub struct GitLayout {
     pub private_dir: PathBuf,
     /// The worker's home, mounted at `/home/worker`.
     pub home_dir: PathBuf,
+    /// The worker's cache, mounted at `/home/worker/.cache` (`XDG_CACHE_HOME`): kept from one
+    /// container of the slot to the next for the whole rush.
+    pub cache_dir: PathBuf,
 }
 
 impl GitLayout {
@@ -345,6 +348,18 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         })
         .collect();
     env.push(("HOME".into(), HOME_IN_IMAGE.into()));
+    // Tools that keep downloads and builds outside the worktree (pip, uv, npm, go) keep them
+    // in the worker's cache, which outlives a respawn; the worktree (a Rust `target/`,
+    // `node_modules`, a venv) outlives one anyway.
+    for (k, v) in [
+        ("XDG_CACHE_HOME", String::new()),
+        ("npm_config_cache", "/npm".into()),
+        ("GOCACHE", "/go-build".into()),
+        ("GOMODCACHE", "/go-mod".into()),
+    ] {
+        env.retain(|(name, _)| name != k);
+        env.push((k.into(), format!("{CACHE_IN_IMAGE}{v}")));
+    }
     env.push((
         "CLAUDE_CONFIG_DIR".into(),
         format!("{HOME_IN_IMAGE}/.claude"),
@@ -388,7 +403,7 @@ pub(crate) fn same_path(p: &Path, read_only: bool) -> Mount {
 }
 
 /// The container's bind mounts. The only writable ones are the worktree, the worker's private
-/// git dir, its own home and its own log dir (and the test hooks when present).
+/// git dir, its own home and cache and its own log dir (and the test hooks when present).
 pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
     let g = &facts.git;
     let mut m = vec![
@@ -406,6 +421,7 @@ pub fn container_mounts(spec: &WorkerSpec, facts: &HostFacts) -> Vec<Mount> {
         bind(&parent_of(&spec.socket), RUN_MOUNT, true),
     ];
     m.push(bind(&g.home_dir, HOME_IN_IMAGE, false));
+    m.push(bind(&g.cache_dir, CACHE_IN_IMAGE, false));
     for (var, p) in &facts.host_files {
         m.push(bind(p, &host_file_in_container(var), true));
     }
@@ -540,6 +556,7 @@ mod tests {
                 common_dir: "/srv/repo/.git".into(),
                 private_dir: "/srv/repo/.git/zerg/feat-x/worker-2".into(),
                 home_dir: "/srv/repo/.git/zerg/feat-x/home-2".into(),
+                cache_dir: "/srv/repo/.git/zerg/feat-x/cache-2".into(),
             },
             git_identity: ("Ada".into(), "ada@example.com".into()),
             login: ClaudeLogin::default(),
@@ -644,6 +661,12 @@ mod tests {
             home.source.as_deref(),
             Some("/srv/repo/.git/zerg/feat-x/home-2")
         );
+        let cache = mount(&ms, "/home/worker/.cache");
+        assert_eq!(
+            cache.source.as_deref(),
+            Some("/srv/repo/.git/zerg/feat-x/cache-2")
+        );
+        assert_eq!(cache.read_only, Some(false));
         let ca = mount(&ms, "/zerg/host/SSL_CERT_FILE");
         assert_eq!(ca.source.as_deref(), Some("/etc/corp/ca.pem"));
         assert_eq!(ca.read_only, Some(true));
@@ -673,6 +696,7 @@ mod tests {
                 "/srv/repo/.git",
                 "/zerg/logs",
                 "/home/worker",
+                "/home/worker/.cache",
                 "/tmp/t/script.json"
             ]
         );

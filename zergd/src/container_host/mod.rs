@@ -61,6 +61,8 @@ pub fn git_layout(
                 admin_dir: normalize(&entry.path()),
                 private_dir: worker_git_dir(&common_dir, feature, worker_id),
                 home_dir: worker_home_dir(&common_dir, feature, worker_id),
+                cache_dir: worker_home_dir(&common_dir, feature, worker_id)
+                    .with_file_name(format!("cache-{worker_id}")),
                 common_dir,
             });
         }
@@ -129,6 +131,11 @@ fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> 
         .map_err(ctx("cannot prepare the worker's git dir", &area))?;
     let home_dir = write_home(g, spec, &facts.login)
         .map_err(ctx("cannot prepare the worker's home", &home))?;
+    // The cache is the slot's for the whole rush: kept from one container to the next (pip's,
+    // npm's and go's downloads and builds), removed with the rush's area when the rush ends.
+    let cache_dir = rush_area(&g.common_dir, &spec.feature)
+        .and_then(|a| a.make_dir(format!("cache-{}", spec.worker_id), 0o700))
+        .map_err(ctx("cannot prepare the worker's cache", &g.cache_dir))?;
     if facts.remapped {
         let gid = facts.gid;
         worktree
@@ -140,6 +147,9 @@ fn prepare_host(spec: &WorkerSpec, facts: &HostFacts) -> Result<(), SpawnError> 
         home_dir
             .grant(gid, true, &[])
             .map_err(ctx("cannot grant access to", &home))?;
+        cache_dir
+            .grant(gid, true, &[])
+            .map_err(ctx("cannot grant access to", &g.cache_dir))?;
         Dir::open(&logs)
             .and_then(|d| d.grant(gid, true, &[]))
             .map_err(ctx("cannot grant access to", &logs))?;
@@ -237,6 +247,8 @@ fn write_home(g: &GitLayout, spec: &WorkerSpec, login: &ClaudeLogin) -> io::Resu
     let name = format!("home-{}", spec.worker_id);
     parent.remove(&name)?;
     let home = parent.make_dir(&name, 0o700)?;
+    // The mount point of the worker's cache (see `prepare_host`).
+    home.make_dir(".cache", 0o700)?;
     let claude = home.make_dir(".claude", 0o700)?;
     if let Some(c) = &login.credentials {
         claude.write_new(".credentials.json", c, 0o600)?;
