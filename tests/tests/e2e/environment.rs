@@ -219,23 +219,15 @@ fn a_gitignored_file_the_tests_need_but_nobody_copied_pauses_the_rush_naming_wor
 
 /// Builds `dockerfile` into `tag` with the docker CLI (the classic builder, which takes a
 /// local base image without asking any registry), as a user builds their project's image.
-fn docker_build(tag: &str, dockerfile: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("docker")
-        .args(["build", "-q", "-t", tag, "-"])
+/// `context` holds the files the Dockerfile adds.
+fn docker_build(tag: &str, dockerfile: &str, context: &std::path::Path) {
+    std::fs::write(context.join("Dockerfile"), dockerfile).unwrap();
+    let out = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", tag])
+        .arg(context)
         .env("DOCKER_BUILDKIT", "0")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .expect("docker runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(dockerfile.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "docker build {tag}: {}",
@@ -243,21 +235,79 @@ fn docker_build(tag: &str, dockerfile: &str) {
     );
 }
 
+/// The shared libraries `elf` loads, as `ldd` names them (each at its directory's real path,
+/// so that an image whose `/lib` is a symlink gets them where the loader looks).
+fn libraries_of(elf: &std::path::Path, into: &mut std::collections::BTreeSet<String>) {
+    let out = std::process::Command::new("ldd").arg(elf).output().unwrap();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((_, right)) = line.split_once("=> ") else {
+            continue;
+        };
+        let Some(path) = right.split_whitespace().next().map(std::path::Path::new) else {
+            continue;
+        };
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name())
+            && let Ok(real) = std::fs::canonicalize(dir)
+        {
+            into.insert(real.join(name).to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// A project's own image with Python, made without a registry: the e2e worker image with this
+/// machine's Debian Python (its interpreter, standard library, the wheels `venv` installs pip
+/// from, and the libraries they load) added, and with zerg's agent and `worker` user removed,
+/// as a project image has neither.
+fn python_base(tag: &str) {
+    let python = std::path::Path::new("/usr/bin/python3");
+    assert!(
+        python.exists(),
+        "this test takes Python from the machine's /usr/bin/python3 (Debian's python3-venv)"
+    );
+    let version = std::process::Command::new(python)
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let interpreter = format!("/usr/bin/python{version}");
+    let stdlib = format!("/usr/lib/python{version}");
+    let mut paths = std::collections::BTreeSet::from([interpreter.clone(), stdlib.clone()]);
+    if std::path::Path::new("/usr/share/python-wheels").exists() {
+        paths.insert("/usr/share/python-wheels".into());
+    }
+    libraries_of(std::path::Path::new(&interpreter), &mut paths);
+    for e in std::fs::read_dir(format!("{stdlib}/lib-dynload"))
+        .unwrap()
+        .flatten()
+    {
+        libraries_of(&e.path(), &mut paths);
+    }
+    let context = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("tar")
+        .arg("-chf")
+        .arg(context.path().join("python.tar"))
+        .args(["-C", "/"])
+        .args(paths.iter().map(|p| p.trim_start_matches('/')))
+        .output()
+        .unwrap();
+    ok(&out);
+    docker_build(
+        tag,
+        &format!(
+            "FROM {}\nUSER 0\nADD python.tar /\nRUN ln -sf python{version} /usr/bin/python3 && sed -i '/^worker:/d' /etc/passwd /etc/group && rm -f /usr/local/bin/zerg-worker-agent\n",
+            crate::container::IMAGE
+        ),
+        context.path(),
+    );
+}
+
 #[test]
-fn a_container_rush_runs_in_an_image_built_from_the_projects_own_with_its_copied_env() {
+fn a_python_project_completes_in_container_mode_in_an_image_built_from_a_local_base_with_python() {
     if !crate::container::docker_ready() {
         return;
     }
-    // The project's own image: the tools its tests use (`zz-check`, which reads `.env`), a
-    // shell and git, as root, with no zerg agent and no `worker` user.
-    let (project, worker_image) = ("zerg-project:e2e", "zerg-worker:e2e-from-project");
-    docker_build(
-        project,
-        &format!(
-            "FROM {}\nUSER 0\nRUN sed -i '/^worker:/d' /etc/passwd /etc/group && rm -f /usr/local/bin/zerg-worker-agent && printf '#!/bin/sh\\ngrep -q GREETING=hello .env && test -f \"$1\"\\n' > /usr/local/bin/zz-check && chmod 755 /usr/local/bin/zz-check\n",
-            crate::container::IMAGE
-        ),
-    );
+    let (project, worker_image) = ("zerg-python-project:e2e", "zerg-worker:e2e-from-python");
+    python_base(project);
     let out = std::process::Command::new(bin("zergctl"))
         .args([
             "image",
@@ -274,14 +324,33 @@ fn a_container_rush_runs_in_an_image_built_from_the_projects_own_with_its_copied
     ok(&out);
 
     let repo = python_project();
-    repo.write_graph("cf", &graph_verified_by("cf", "zz-check"));
-    repo.configure(&crate::container::container_cfg(worker_image).set("worktree.copy", [".env"]));
+    repo.write_graph(
+        "cf",
+        &graph_verified_by("cf", ".venv/bin/python check_env.py"),
+    );
+    repo.configure(
+        &crate::container::container_cfg(worker_image)
+            .set("worktree.copy", [".env"])
+            .set(
+                "worktree.setup",
+                ["python3 -m venv --system-site-packages .venv"],
+            )
+            // The gate runs in a container of the same image, in a fresh copy of staging that
+            // is set up first.
+            .gate("project-test", ".venv/bin/python check_env.py", true),
+    );
     let ctx = crate::container::cdaemon();
     crate::container::start_detached(&ctx.d, &repo, "cf", 2);
     let st = ctx.d.wait_end(&repo.path, "cf", crate::container::T);
     assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
     assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
-    assert!(!monitor(&repo).contains("verification_failed"));
+    let log = monitor(&repo);
+    assert!(!log.contains("verification_failed"), "{log}");
+    let files = repo.files_on("zerg/cf/staging");
+    assert!(
+        !files.iter().any(|f| f == ".env" || f.starts_with(".venv")),
+        "{files:?}"
+    );
     crate::container::wait_no_containers(st["rush_id"].as_str().unwrap_or_default());
     let _ = std::process::Command::new("docker")
         .args(["rmi", "-f", worker_image, project])
