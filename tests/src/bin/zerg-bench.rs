@@ -29,7 +29,7 @@ const BENCH_WORKERS: &str = "workers:\n  heartbeat_interval_seconds: 1\n  stop_g
 
 /// Scenario names for `--only`, in the order they run. `vs_original` runs only when `--only`
 /// names it or with `--vs-original`.
-const SCENARIOS: [&str; 17] = [
+const SCENARIOS: [&str; 18] = [
     "git",
     "transfer",
     "demo",
@@ -46,6 +46,7 @@ const SCENARIOS: [&str; 17] = [
     "concurrent",
     "restart",
     "build",
+    "warm_build",
     "vs_original",
 ];
 
@@ -255,6 +256,13 @@ fn main() {
             clean_release_build()
         };
         record(&mut results, "clean_release_build_s", v);
+    }
+    if want("warm_build") {
+        record(
+            &mut results,
+            "warm_build_second_over_first",
+            runs_warm(&opts),
+        );
     }
     if opts.vs_original {
         record(&mut results, "vs_original", vs_original(&opts));
@@ -953,6 +961,119 @@ fn noisy_verify_overhead() -> Result<f64, String> {
     Ok(noisy - quiet - alone)
 }
 
+/// The crate of the `warm_build` scenario (`tests/fixtures/rust-crate`).
+const SHAPES_CARGO_TOML: &str = include_str!("../../fixtures/rust-crate/Cargo.toml");
+const SHAPES_CARGO_LOCK: &str = include_str!("../../fixtures/rust-crate/Cargo.lock");
+const SHAPES_LIB: &str = include_str!("../../fixtures/rust-crate/src/lib.rs");
+const SHAPES_GITIGNORE: &str = include_str!("../../fixtures/rust-crate/gitignore");
+
+/// `warm_build` `opts.runs` times: the median of each run's ratio, with each run's detail.
+fn runs_warm(opts: &Opts) -> Value {
+    let mut ratios = Vec::new();
+    let mut detail = Vec::new();
+    for _ in 0..opts.runs {
+        match warm_build() {
+            Ok((ratio, d)) => {
+                ratios.push(ratio);
+                detail.push(d);
+            }
+            Err(e) => return json!({"error": e}),
+        }
+    }
+    let mut v = summary(&ratios);
+    v["detail"] = json!(detail);
+    v
+}
+
+/// A small crate (`tests/fixtures/rust-crate`) committed in a repository, six tasks on two
+/// workers, each adding an integration test and verified with `cargo test --offline` in the
+/// worker's worktree: how long a worker's second verification takes over its first. The
+/// first builds the crate from nothing; the second finds the worker's `target/` (ignored, so
+/// kept between tasks) and builds only the new test. Figures: the median over workers of
+/// second / first, and each worker's times.
+fn warm_build() -> Result<(f64, Value), String> {
+    let repo = TestRepo::new();
+    std::fs::create_dir_all(repo.path.join("src")).map_err(|e| e.to_string())?;
+    for (name, text) in [
+        ("Cargo.toml", SHAPES_CARGO_TOML),
+        ("Cargo.lock", SHAPES_CARGO_LOCK),
+        ("src/lib.rs", SHAPES_LIB),
+        (".gitignore", SHAPES_GITIGNORE),
+    ] {
+        std::fs::write(repo.path.join(name), text).map_err(|e| e.to_string())?;
+    }
+    git(&repo.path, &["add", "-A"]);
+    git(&repo.path, &["commit", "-q", "-m", "the shapes crate"]);
+    // The verification times itself into a file outside the repository, keyed by worktree.
+    // The daemon's HOME is a fresh one: cargo and rustup are told where they live.
+    let home = std::env::var("HOME").unwrap_or_default();
+    let env_or = |k: &str, d: String| std::env::var(k).unwrap_or(d);
+    let timings = repo
+        .path
+        .parent()
+        .unwrap_or(&repo.path)
+        .join("warm-build.txt");
+    let script = repo
+        .path
+        .parent()
+        .unwrap_or(&repo.path)
+        .join("timed-cargo-test.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "export CARGO_HOME='{}' RUSTUP_HOME='{}' PATH='{}'\nunset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR\nstart=$(date +%s%N)\ncargo test --offline -q >/dev/null 2>&1\nrc=$?\nend=$(date +%s%N)\necho \"$(pwd) $(( (end - start) / 1000000 ))\" >> '{}'\nexit $rc\n",
+            env_or("CARGO_HOME", format!("{home}/.cargo")),
+            env_or("RUSTUP_HOME", format!("{home}/.rustup")),
+            std::env::var("PATH").unwrap_or_default(),
+            timings.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut tasks = Vec::new();
+    let mut ops = serde_json::Map::new();
+    for i in 1..=6 {
+        let id = format!("WB-L1-{i:03}");
+        let file = format!("tests/t{i}.rs");
+        tasks.push(json!({"id": id, "title": format!("test {i}"), "level": 1,
+            "files": {"create": [file], "modify": [], "read": ["src/"]},
+            "verification": {"command": format!("sh '{}'", script.display()), "timeout_seconds": 600}}));
+        ops.insert(
+            id,
+            json!([{"op": "write", "path": file,
+                "content": format!("#[test]\nfn shape_{i}_scores() {{\n    let s = fixture_shapes::S{i} {{ a: {i}, ..Default::default() }};\n    assert_eq!(s.score(), {i});\n}}\n")}]),
+        );
+    }
+    repo.write_graph("wb", &json!({"feature": "wb", "tasks": tasks}).to_string());
+    repo.write_config(BENCH_WORKERS);
+    repo.write_script("wb", &json!({"tasks": ops}));
+    let d = Daemon::start();
+    rush_to_end(&d, &repo, "wb", 2)?;
+    let text = std::fs::read_to_string(&timings).map_err(|e| format!("no timings: {e}"))?;
+    let mut by_worker: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some((wt, ms)) = line.rsplit_once(' ')
+            && let Ok(ms) = ms.parse::<f64>()
+        {
+            by_worker.entry(wt.to_string()).or_default().push(ms);
+        }
+    }
+    let mut ratios: Vec<f64> = by_worker
+        .values()
+        .filter(|t| t.len() >= 2 && t[0] > 0.0)
+        .map(|t| t[1] / t[0])
+        .collect();
+    if ratios.is_empty() {
+        return Err(format!("no worker verified two tasks: {by_worker:?}"));
+    }
+    ratios.sort_by(f64::total_cmp);
+    let ratio = round(ratios[ratios.len() / 2], 3);
+    let workers: Vec<Value> = by_worker
+        .values()
+        .map(|t| json!({"verify_ms": t}))
+        .collect();
+    Ok((ratio, json!({"ratio": ratio, "workers": workers})))
+}
+
 /// `cargo build --release --workspace --bins` of this workspace into an empty target
 /// directory (the crates themselves already downloaded): the seconds it takes, and the size of
 /// the binaries.
@@ -1631,6 +1752,7 @@ fn markdown(v: &Value) -> String {
         ),
         ("restart_first_list_ms_500_ended", "< 200"),
         ("clean_release_build_s", "report"),
+        ("warm_build_second_over_first", "≤ 0.30"),
     ];
     for (k, goal) in goals {
         let r = &v["results"][k];
