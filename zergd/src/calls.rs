@@ -41,6 +41,10 @@ pub struct LeaseFiles {
     pub artifact_caps: crate::transfers::ArtifactCaps,
     /// The largest pack it may push (`container.max_pack_size`).
     pub max_pack: u64,
+    /// The user's checkout, whose ignored files `worktree.copy` names.
+    pub repo: std::path::PathBuf,
+    /// The rush's `worktree` settings.
+    pub worktree: crate::config::WorktreeConfig,
 }
 
 /// A lease's base as one pack, in a temporary file: what a remote worker lacks of it.

@@ -46,6 +46,8 @@ pub enum Kind {
     Push,
     /// `PushArtifact`.
     Artifact,
+    /// `FetchCopies`.
+    Copies,
 }
 
 type Key = (String, u32, Kind);

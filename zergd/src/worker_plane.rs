@@ -405,6 +405,85 @@ impl Artifact {
     }
 }
 
+/// Sends `files` of `repo` as `CopyChunk`s: each file's first message names it with its mode
+/// and size, the rest carry data, at most [`PACK_CHUNK`] bytes each. A file that changed size
+/// since it was listed is sent as it is now. Ends when the worker has read nothing for
+/// [`STREAM_IDLE`] or opened a newer `FetchCopies`.
+async fn send_copies(
+    repo: PathBuf,
+    files: Vec<crate::worktree_copy::CopiedFile>,
+    mut place: Place,
+    tx: tokio::sync::mpsc::Sender<Result<v1::CopyChunk, Status>>,
+) {
+    use tokio::io::AsyncReadExt;
+    for f in files {
+        let opened = async {
+            let file = tokio::fs::File::open(repo.join(&f.path)).await?;
+            let meta = file.metadata().await?;
+            Ok::<_, std::io::Error>((file, meta))
+        }
+        .await;
+        let (file, meta) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = tx
+                    .send(Err(Status::failed_precondition(format!(
+                        "worktree.copy: cannot read {}: {e}",
+                        f.path
+                    ))))
+                    .await;
+                return;
+            }
+        };
+        let size = meta.len();
+        let mut file = file.take(size);
+        let mut first = Some(v1::CopyChunk {
+            path: f.path.clone(),
+            mode: meta.permissions().mode() & 0o777,
+            size,
+            data: Vec::new(),
+        });
+        let mut sent = 0u64;
+        loop {
+            let mut buf = Vec::with_capacity(PACK_CHUNK);
+            let n = match (&mut file)
+                .take(PACK_CHUNK as u64)
+                .read_to_end(&mut buf)
+                .await
+            {
+                Ok(n) => n as u64,
+                Err(e) => {
+                    let _ = tx.send(Err(Status::internal(e.to_string()))).await;
+                    return;
+                }
+            };
+            if n == 0 && first.is_none() {
+                break;
+            }
+            let mut msg = first.take().unwrap_or_default();
+            sent += n;
+            if n == 0 && sent < size {
+                // The file shrank since it was opened: say so rather than send a short copy.
+                let _ = tx
+                    .send(Err(Status::aborted(format!(
+                        "worktree.copy: {} changed while it was sent",
+                        f.path
+                    ))))
+                    .await;
+                return;
+            }
+            msg.data = buf;
+            tokio::select! {
+                r = tx.send_timeout(Ok(msg), STREAM_IDLE) => if r.is_err() { return },
+                _ = &mut place.replaced => return,
+            }
+            if sent >= size {
+                break;
+            }
+        }
+    }
+}
+
 /// Streams (calls) one connection may have open at once.
 const MAX_CALLS_PER_CONNECTION: u32 = 32;
 
@@ -573,6 +652,40 @@ impl Worker for PlaneService {
                 }
             }
         });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    type FetchCopiesStream = tokio_stream::wrappers::ReceiverStream<Result<v1::CopyChunk, Status>>;
+
+    /// Sends the ignored files of the user's checkout that `worktree.copy` names, listed and
+    /// capped (`worktree.copy_max_mb`) as at rush start, for a remote worker's new workspace.
+    /// The caller's lease is checked first; the files are read one chunk at a time by a task
+    /// that gives up when the worker reads nothing for [`STREAM_IDLE`] or opens a newer one.
+    async fn fetch_copies(
+        &self,
+        req: Request<v1::FetchBaseRequest>,
+    ) -> Result<Response<Self::FetchCopiesStream>, Status> {
+        let md = req.metadata().clone();
+        let seen = seen(&req);
+        let (caller, lease, _) = crate::wire::worker::fetch_request(req.into_inner())?;
+        let files = self.lease_files(&md, &seen, caller.clone(), lease).await?;
+        let place = self
+            .transfers
+            .open(&caller.rush_id, caller.worker, Kind::Copies)
+            .await?;
+        let (repo, cfg) = (files.repo, files.worktree);
+        let listed = tokio::task::spawn_blocking(move || {
+            let list = crate::worktree_copy::list(&repo, &cfg.copy)?;
+            crate::worktree_copy::check_size(&list, cfg.copy_max_mb)?;
+            Ok::<_, String>((repo, list))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let (repo, list) = listed.map_err(Status::failed_precondition)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(send_copies(repo, list, place, tx));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))

@@ -118,14 +118,19 @@ pub fn check_size(files: &[CopiedFile], max_mb: u64) -> Result<(), String> {
 }
 
 /// What a rush's start says about the copies: which files leave the checkout, and their size.
-pub fn summary(files: &[CopiedFile]) -> String {
+pub fn summary(files: &[CopiedFile], remote: bool) -> String {
     let bytes: u64 = files.iter().map(|f| f.size).sum();
     let mut names: Vec<&str> = files.iter().take(20).map(|f| f.path.as_str()).collect();
     if files.len() > names.len() {
         names.push("…");
     }
+    let to = if remote {
+        "sent from your checkout over the worker plane to every worker, and copied into the staging worktree"
+    } else {
+        "copied from your checkout into every worker's worktree and the staging worktree"
+    };
     format!(
-        "worktree.copy: {} ignored file(s), {bytes} bytes, are copied from your checkout into every worker's worktree and the staging worktree: {}",
+        "worktree.copy: {} ignored file(s), {bytes} bytes, are {to}: {}",
         files.len(),
         names.join(", ")
     )
@@ -165,10 +170,11 @@ mod tests {
         assert_eq!(got[0].size, 6);
         assert!(list(r.path(), &[]).unwrap().is_empty());
         assert!(
-            summary(&got).contains(".env, secrets/deep/k"),
+            summary(&got, false).contains(".env, secrets/deep/k"),
             "{}",
-            summary(&got)
+            summary(&got, false)
         );
+        assert!(summary(&got, true).contains("over the worker plane to every worker"));
         assert!(check_size(&got, 1).is_ok());
         let huge = vec![
             CopiedFile {

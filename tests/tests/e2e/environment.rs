@@ -357,6 +357,117 @@ fn a_python_project_completes_in_container_mode_in_an_image_built_from_a_local_b
         .output();
 }
 
+/// A remote rush (`mode`: swarm or kubernetes, with `cfg` and the daemon of `ctx`) of a
+/// project whose test tool needs two ignored files of the checkout, in a worker image built
+/// `--from` the project's own: the files come over the worker plane, survive the worker's
+/// `git clean` between tasks, and stay out of its commits.
+fn remote_rush_gets_copies_in_a_project_image(
+    mode: &str,
+    cfg: Config,
+    ctx: &mut crate::container::Ctx,
+) -> String {
+    // The project's own image: a test tool that needs both copies (`zz-check`), a shell and
+    // git, as root, with no zerg agent and no `worker` user.
+    let project = format!("zerg-project:e2e-{mode}");
+    let worker_image = format!("zerg-worker:e2e-from-{mode}");
+    let context = tempfile::tempdir().unwrap();
+    docker_build(
+        &project,
+        &format!(
+            "FROM {}\nUSER 0\nRUN sed -i '/^worker:/d' /etc/passwd /etc/group && rm -f /usr/local/bin/zerg-worker-agent && printf '#!/bin/sh\\ngrep -q GREETING=hello .env && test -f config/local.json && test -f \"$1\"\\n' > /usr/local/bin/zz-check && chmod 755 /usr/local/bin/zz-check\n",
+            crate::container::IMAGE
+        ),
+        context.path(),
+    );
+    let out = std::process::Command::new(bin("zergctl"))
+        .args(["image", "build", "--from", &project, "--tag", &worker_image])
+        .arg("--agent")
+        .arg(bin("zerg-worker-agent"))
+        .output()
+        .unwrap();
+    ok(&out);
+
+    let repo = python_project();
+    // A second copied file, ignored only by the checkout's own `.git/info/exclude` (which a
+    // remote worker's repository does not have): it must survive the worker's `git clean`
+    // between tasks and stay out of its commits.
+    std::fs::create_dir_all(repo.path.join("config")).unwrap();
+    std::fs::write(repo.path.join("config/local.json"), "{\"port\": 1}\n").unwrap();
+    let exclude = repo.path.join(".git/info/exclude");
+    let mut ex = std::fs::read_to_string(&exclude).unwrap_or_default();
+    ex.push_str("\nconfig/local.json\n");
+    std::fs::write(&exclude, ex).unwrap();
+    repo.write_graph("rc", &graph_verified_by("rc", "zz-check"));
+    repo.configure(
+        &cfg.set("container.image", worker_image.as_str())
+            .set("worktree.copy", [".env", "config/"]),
+    );
+    let d = &mut ctx.d;
+    let out = d.ctl_in(
+        &repo.path,
+        &["rush", "rc", "--workers", "2", "--mode", mode, "--detach"],
+    );
+    ok(&out);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("over the worker plane to every worker") && said.contains(".env"),
+        "{said}"
+    );
+    let st = d.wait_end(&repo.path, "rc", crate::container::T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    assert_eq!(st["mode"], mode);
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    assert!(!monitor(&repo).contains("verification_failed"));
+    let files = repo.files_on("zerg/rc/staging");
+    assert!(
+        !files
+            .iter()
+            .any(|f| f == ".env" || f.starts_with("config/")),
+        "{files:?}"
+    );
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", "-f", &worker_image, &project])
+        .output();
+    st["rush_id"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_swarm_rush_in_an_image_built_from_the_projects_own_gets_env_over_the_worker_plane() {
+    let Some(_swarm) = crate::remote::swarm() else {
+        return;
+    };
+    let mut ctx = crate::container::cdaemon();
+    let rush = remote_rush_gets_copies_in_a_project_image(
+        "swarm",
+        crate::remote::swarm_cfg(free_port()),
+        &mut ctx,
+    );
+    crate::remote::wait_nothing_left(&rush);
+}
+
+#[test]
+fn a_kubernetes_rush_in_an_image_built_from_the_projects_own_gets_env_over_the_worker_plane() {
+    if !crate::container::docker_ready() {
+        return;
+    }
+    let api = KubeApi::start();
+    let namespace = "zerg-e2e-env";
+    let cfg = crate::container::container_cfg(crate::container::IMAGE)
+        .set("remote.listen", format!("127.0.0.1:{}", free_port()))
+        .set("kubernetes.namespace", namespace)
+        .set("kubernetes.cpu_request", "100m")
+        .set("kubernetes.memory_request", "64Mi");
+    let mut ctx = crate::container::cdaemon_with(vec![(
+        "KUBECONFIG".into(),
+        api.kubeconfig(namespace).to_string_lossy().into_owned(),
+    )]);
+    remote_rush_gets_copies_in_a_project_image("kubernetes", cfg, &mut ctx);
+}
+
 #[test]
 fn setup_runs_again_only_when_a_level_merge_changed_a_setup_when_changed_file() {
     let repo = TestRepo::new();

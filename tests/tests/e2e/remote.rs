@@ -13,7 +13,7 @@ use zerg_tests::*;
 use crate::container::{IMAGE, T, cdaemon, container_cfg, docker, docker_ready, start_detached_in};
 
 /// The swarm for a test, or `None` (skipped) without an engine.
-fn swarm() -> Option<SwarmSession> {
+pub(crate) fn swarm() -> Option<SwarmSession> {
     if !docker_ready() {
         return None;
     }
@@ -31,7 +31,7 @@ fn swarm() -> Option<SwarmSession> {
 }
 
 /// The config of a swarm rush: container mode's, with the plane on a port of its own.
-fn swarm_cfg(port: u16) -> Config {
+pub(crate) fn swarm_cfg(port: u16) -> Config {
     container_cfg(IMAGE)
         .set("remote.listen", format!("127.0.0.1:{port}"))
         .set("container.network", "host")
@@ -52,7 +52,7 @@ fn swarm_objects(rush_id: &str) -> Vec<String> {
         .collect()
 }
 
-fn wait_nothing_left(rush_id: &str) {
+pub(crate) fn wait_nothing_left(rush_id: &str) {
     assert!(
         poll(T, || swarm_objects(rush_id).is_empty()),
         "left behind: {:?}",

@@ -126,6 +126,8 @@ pub struct Session {
     detail: Arc<std::sync::Mutex<String>>,
     /// What the last `worktree.setup` that succeeded ran for (see [`setup::Setup`]).
     setup_key: Option<u64>,
+    /// A remote worker wrote `worktree.copy`'s files into its workspace (once per process).
+    copies_fetched: bool,
     /// The `worktree.setup` command running now, and since when: each heartbeat says so, with
     /// the time it has run, which is progress to zergd's watchdog (a setup that hangs ends at
     /// its own time limit).
@@ -204,6 +206,7 @@ impl Session {
             identity,
             who,
             in_process: repo.is_some(),
+            copies_fetched: false,
             git_dir,
             setup_key: None,
             setup_running: None,

@@ -107,6 +107,80 @@ impl Session {
         Ok(())
     }
 
+    /// Writes the ignored files of the user's checkout that `worktree.copy` names (a `.env`)
+    /// into the workspace, as zergd streams them, and names them in `.git/info/exclude` so
+    /// that no commit of this worker takes them in, whatever ignored them in the checkout.
+    pub(super) async fn fetch_copies(&mut self, task: &v1::Task) -> Result<(), String> {
+        let req = v1::FetchBaseRequest {
+            worker: Some(self.env.me()),
+            lease_id: task.lease_id.clone(),
+            task_id: task.id.clone(),
+            haves: Vec::new(),
+        };
+        let mut stream = retrying!(self, |c| c.fetch_copies(req.clone()))
+            .map_err(|s| format!("zergd refused the copies: {}", s.message()))?;
+        let wt = self.env.worktree.clone();
+        let mut current: Option<(std::fs::File, String, u64)> = None;
+        let mut names = Vec::new();
+        let mut bytes = 0u64;
+        loop {
+            let m = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(s) => return Err(format!("the copies broke off: {}", s.message())),
+            };
+            if !m.path.is_empty() {
+                finish_copy(current.take())?;
+                let rel = copy_path(&m.path)?;
+                let path = wt.join(&rel);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+                }
+                let file = open_copy(&path, m.mode & 0o777)
+                    .map_err(|e| format!("cannot write {}: {e}", m.path))?;
+                names.push(m.path.clone());
+                current = Some((file, m.path, m.size));
+            }
+            let Some((file, path, left)) = current.as_mut() else {
+                return Err("zergd sent data before naming a file".into());
+            };
+            let n = m.data.len() as u64;
+            if n > *left {
+                return Err(format!("{path}: more bytes than announced"));
+            }
+            file.write_all(&m.data)
+                .map_err(|e| format!("cannot write {path}: {e}"))?;
+            *left -= n;
+            bytes += n;
+        }
+        finish_copy(current)?;
+        if !names.is_empty() {
+            let exclude = wt.join(".git/info/exclude");
+            if let Some(dir) = exclude.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&exclude)
+                .map_err(|e| format!("cannot write {}: {e}", exclude.display()))?;
+            let mut lines = String::from("\n# zerg: worktree.copy\n");
+            for n in &names {
+                lines.push_str(&exclude_line(n));
+                lines.push('\n');
+            }
+            f.write_all(lines.as_bytes()).map_err(|e| e.to_string())?;
+            eprintln!(
+                "zerg-worker-agent: worktree.copy: {} file(s), {bytes} bytes: {}",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        self.copies_fetched = true;
+        Ok(())
+    }
+
     /// Pushes `base..commit` to zergd as a thin pack; zergd checks it before it answers.
     pub(super) async fn push(&mut self, task: &v1::Task, commit: &str) -> Result<(), String> {
         let (wt, base, c) = (
@@ -195,5 +269,98 @@ impl Session {
                 eprintln!("zerg-worker-agent: cannot send {name}: {}", s.message());
             }
         }
+    }
+}
+
+/// A copied file's path, checked: relative, `/`-separated, plain names only, nothing in `.git`.
+fn copy_path(p: &str) -> Result<std::path::PathBuf, String> {
+    let ok = !p.starts_with('/')
+        && p.split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c != ".git" && !c.contains('\0'));
+    if ok {
+        Ok(std::path::PathBuf::from(p))
+    } else {
+        Err(format!("zergd named a copy at {p:?}, outside the worktree"))
+    }
+}
+
+/// Creates (or truncates) a copy with `mode`, never through a symlink.
+fn open_copy(path: &std::path::Path, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Checks that the file being written got all its announced bytes.
+fn finish_copy(current: Option<(std::fs::File, String, u64)>) -> Result<(), String> {
+    match current {
+        Some((_, path, left)) if left > 0 => Err(format!("{path} was cut short by {left} bytes")),
+        Some((f, path, _)) => f
+            .sync_all()
+            .map_err(|e| format!("cannot write {path}: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// `path` as a line of `.git/info/exclude` that matches only itself: anchored, with the
+/// pattern characters escaped.
+fn exclude_line(path: &str) -> String {
+    let mut line = String::from("/");
+    for c in path.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '!' | '#' | ' ') {
+            line.push('\\');
+        }
+        line.push(c);
+    }
+    line
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::*;
+
+    #[test]
+    fn copies_stay_inside_the_worktree_and_out_of_git() {
+        for bad in [
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            ".git/config",
+            "a//b",
+            "",
+            "a/./b",
+        ] {
+            assert!(copy_path(bad).is_err(), "{bad:?} is refused");
+        }
+        assert_eq!(
+            copy_path("config/.env.local").unwrap(),
+            std::path::PathBuf::from("config/.env.local")
+        );
+        assert_eq!(exclude_line(".env"), "/.env");
+        assert_eq!(exclude_line("a b/[x]*.env"), "/a\\ b/\\[x\\]\\*.env");
+    }
+
+    #[test]
+    fn a_copy_replaces_a_symlink_instead_of_writing_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "keep").unwrap();
+        let link = dir.path().join(".env");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        let mut f = open_copy(&link, 0o600).unwrap();
+        f.write_all(b"GREETING=hello").unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&link).unwrap(), "GREETING=hello");
+        assert!(
+            !std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
     }
 }

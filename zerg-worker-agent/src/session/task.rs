@@ -209,6 +209,20 @@ impl Session {
                 )
                 .await;
         }
+        if self.env.remote.is_some()
+            && !self.copies_fetched
+            && let Err(e) = self.fetch_copies(&task).await
+        {
+            return self
+                .fail(
+                    &task,
+                    v1::FailKind::Environment,
+                    format!("worktree.copy: {e}"),
+                    0,
+                    String::new(),
+                )
+                .await;
+        }
         if let Err(e) = self.prepare_worktree(&task).await {
             return self
                 .fail(

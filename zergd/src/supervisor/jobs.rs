@@ -228,12 +228,8 @@ pub fn prepare_fresh(
         &[paths.staging_worktree()],
         gate_reader(mode, &config),
     )?;
-    if !copied.is_empty() && mode.is_remote() {
-        warnings.push(format!(
-            "worktree.copy: {mode} workers do not get the copies yet (only subprocess and container workers do); the staging worktree, where the gates run, does"
-        ));
-    } else if !copied.is_empty() {
-        warnings.push(crate::worktree_copy::summary(&copied));
+    if !copied.is_empty() {
+        warnings.push(crate::worktree_copy::summary(&copied, mode.is_remote()));
     } else if !config.worktree.copy.is_empty() {
         warnings.push(format!(
             "worktree.copy: no ignored file of your checkout matches {:?}; nothing is copied",

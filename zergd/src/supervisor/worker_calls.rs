@@ -92,13 +92,14 @@ impl Supervisor {
                 self.reply_in(&id, reply, |r, fx| r.on_escalate(req, wall, fx));
             }
             WorkerCmd::LeaseFiles(caller, lease, reply) => {
-                let files = self.rushes[&id]
-                    .commit_check(&caller, &lease)
-                    .map(|c| LeaseFiles {
-                        artifacts: c.artifacts,
-                        artifact_caps: c.artifact_caps,
-                        max_pack: c.pack_limits.max_pack,
-                    });
+                let rush = &self.rushes[&id];
+                let files = rush.commit_check(&caller, &lease).map(|c| LeaseFiles {
+                    artifacts: c.artifacts,
+                    artifact_caps: c.artifact_caps,
+                    max_pack: c.pack_limits.max_pack,
+                    repo: rush.paths.repo.clone(),
+                    worktree: rush.config.worktree.clone(),
+                });
                 let _ = reply.send(files);
             }
             WorkerCmd::FetchBase(caller, lease, haves, reply) => {
