@@ -40,6 +40,9 @@ out=/zerg/logs/report
   if [ -e /zerg/state ]; then echo "state_dir=yes"; else echo "state_dir=no"; fi
   if git reset -q --hard HEAD; then echo "reset=ok"; else echo "reset=fail"; fi
   echo "status=[$(git status --porcelain)]"
+  echo "cache_home=$XDG_CACHE_HOME"
+  if (echo kept > "$XDG_CACHE_HOME/kept") 2>/dev/null; then echo "cache_writable=yes"; else echo "cache_writable=no"; fi
+  echo planted > "$HOME/planted"
 } > "$out" 2>&1
 if [ "$ZERG_WORKER_ID" != "1" ]; then echo "worker $ZERG_WORKER_ID sleeping"; exec sleep 600; fi
 echo hello > hello.txt
@@ -285,6 +288,25 @@ async fn real_engine_lifecycle() {
     );
     let log = fs::read_to_string(t.join("logs/worker-1.log")).unwrap_or_default();
     assert!(log.contains("agent done"), "log mirror: {log:?}");
+    // The slot's cache outlives the container; its home does not: the next spawn of the slot
+    // (prepared again, as a respawn is) finds the cache and a clean home.
+    assert!(
+        report.contains("cache_home=/home/worker/.cache"),
+        "{report}"
+    );
+    assert!(report.contains("cache_writable=yes"), "{report}");
+    let area = repo.join(".git/zerg/feat");
+    assert!(area.join("home-1/planted").exists());
+    let again = s1.clone();
+    tokio::task::spawn_blocking(move || prepare(&again))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(area.join("cache-1/kept")).unwrap(),
+        "kept\n"
+    );
+    assert!(!area.join("home-1/planted").exists(), "the home is rebuilt");
     // The launcher removes the container after reporting its exit: the engine says when (a
     // wait on a container already gone ends at once, with a 404).
     let removed = bollard::query_parameters::WaitContainerOptions {
