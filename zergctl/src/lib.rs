@@ -188,6 +188,10 @@ pub enum Command {
     Validate {
         /// A task-graph.json path, or a feature name in the current repository.
         target: String,
+        /// First set each task's level to the smallest its dependencies allow (keeping ids,
+        /// the tasks' order and every other field), write the graph back, and print what moved.
+        #[arg(long)]
+        fix: bool,
     },
     /// Prepare a repository: a commented `.zerg/config.yaml` with every key at its default,
     /// `.gsd/specs/`, and `.gitignore` entries for zerg's working files. Never overwrites.
@@ -355,7 +359,7 @@ pub(crate) fn repo_arg(repo: Option<PathBuf>) -> Result<String, CliError> {
 pub async fn run(cli: Cli) -> Result<u8, CliError> {
     let socket = zerg_proto::transport::resolve_socket(cli.socket.as_deref());
     match cli.command {
-        Command::Validate { target } => cmd::validate::validate(&target),
+        Command::Validate { target, fix } => cmd::validate::validate(&target, fix),
         Command::Init { repo } => cmd::init::run(repo),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

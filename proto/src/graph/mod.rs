@@ -384,8 +384,10 @@ impl TaskGraph {
 
 mod checks;
 mod read;
+mod relevel;
 #[cfg(test)]
 mod tests;
 
 use checks::*;
 use read::*;
+pub use relevel::{Moved, relevel};

@@ -164,3 +164,92 @@ fn a_rush_with_an_invalid_config_exits_65_naming_the_file_and_the_key() {
     assert!(d.status(&repo.path, "bad").is_none());
     assert!(!repo.path.join(".zerg-worktrees").exists());
 }
+
+#[test]
+fn validate_fix_relevels_a_graph_from_its_dependencies_and_refuses_a_cycle_by_name() {
+    let repo = TestRepo::new();
+    let dir = repo.path.join(".gsd/specs/fx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("task-graph.json");
+    let task = |id: &str, level: u32, deps: &[&str], file: &str| {
+        json!({"id": id, "title": id, "level": level, "dependencies": deps,
+               "files": {"create": [file], "modify": [], "read": []},
+               "verification": {"command": "true", "timeout_seconds": 30}})
+    };
+    // B depends on A at the same level, C sits at level 3 with nothing below it at 2, and D
+    // is one level higher than it needs.
+    let graph = json!({"feature": "fx", "tasks": [
+        task("FX-A", 1, &[], "a.txt"),
+        task("FX-B", 1, &["FX-A"], "b.txt"),
+        task("FX-C", 3, &[], "c.txt"),
+        task("FX-D", 4, &["FX-B"], "d.txt"),
+    ]});
+    std::fs::write(&path, serde_json::to_vec_pretty(&graph).unwrap()).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(bin("zergctl"))
+            .args(args)
+            .current_dir(&repo.path)
+            .output()
+            .unwrap()
+    };
+    let before = run(&["validate", "fx"]);
+    assert_eq!(before.status.code(), Some(1), "{}", shown(&before));
+
+    let out = run(&["validate", "fx", "--fix"]);
+    let said = shown(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    for line in [
+        "moved FX-B: level 1 -> 2",
+        "moved FX-C: level 3 -> 1",
+        "moved FX-D: level 4 -> 3",
+        "3 task(s) moved; written",
+        "valid (4 tasks, 3 levels",
+    ] {
+        assert!(said.contains(line), "{line:?} in {said}");
+    }
+    let fixed: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let got: Vec<(String, u64)> = fixed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_str().unwrap().into(),
+                t["level"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("FX-A".into(), 1),
+            ("FX-B".into(), 2),
+            ("FX-C".into(), 1),
+            ("FX-D".into(), 3)
+        ]
+    );
+    // Everything else is as it was.
+    assert_eq!(fixed["tasks"][1]["files"], graph["tasks"][1]["files"]);
+    let again = run(&["validate", "fx", "--fix"]);
+    assert!(
+        shown(&again).contains("nothing was written"),
+        "{}",
+        shown(&again)
+    );
+
+    // A cycle: refused by name, the file untouched.
+    let cyclic = json!({"feature": "fx", "tasks": [
+        task("FX-A", 1, &["FX-B"], "a.txt"),
+        task("FX-B", 2, &["FX-A"], "b.txt"),
+    ]});
+    let bytes = serde_json::to_vec(&cyclic).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let out = run(&["validate", "fx", "--fix"]);
+    let said = shown(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("dependency cycle: FX-A → FX-B → FX-A"),
+        "{said}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
