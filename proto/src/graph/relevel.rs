@@ -152,10 +152,7 @@ fn cycles(deps: &[Vec<usize>], level: &[u32], ids: &[String]) -> Vec<String> {
         let mut path = vec![start];
         state[start] = 1;
         let mut cur = start;
-        loop {
-            let Some(&next) = deps[cur].iter().find(|&&d| level[d] == 0) else {
-                break;
-            };
+        while let Some(&next) = deps[cur].iter().find(|&&d| level[d] == 0) {
             match state[next] {
                 1 => {
                     let at = path.iter().position(|&p| p == next).unwrap_or(0);
