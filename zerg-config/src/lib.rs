@@ -62,6 +62,94 @@ pub struct Config {
     /// What a worker's worktree needs beyond the tracked files: ignored files copied from the
     /// checkout, and setup commands.
     pub worktree: WorktreeConfig,
+    /// Who hears when a rush ends or pauses, or a task fails for good.
+    pub notify: NotifyConfig,
+}
+
+/// `notify:` section: telling someone when a rush completes, fails, is stopped or pauses, and
+/// when a task fails for good. Each configured way is tried on its own, never holding the rush.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NotifyConfig {
+    /// A shell command run (`sh -c`, in the repository) with the event as one JSON object on
+    /// its stdin.
+    pub command: String,
+    /// An `http://` or `https://` URL the event is POSTed to as JSON.
+    pub webhook: String,
+    /// A desktop notification (`notify-send` on Linux, `osascript` on macOS) when the tool is
+    /// there.
+    pub desktop: bool,
+    /// Time limit of one command run or one webhook request.
+    #[serde(with = "seconds")]
+    pub timeout_seconds: Duration,
+    /// Webhook attempts after the first that failed (a connection error, a timeout, or an
+    /// answer other than 2xx), 1 s, 2 s, 4 s … apart.
+    pub webhook_retries: u32,
+    /// Which events are sent; all of them by default: `rush_complete`, `rush_failed`,
+    /// `rush_stopped`, `rush_paused`, `task_failed`.
+    pub events: Vec<String>,
+}
+
+/// Every event `notify.events` may name.
+pub const NOTIFY_EVENTS: [&str; 5] = [
+    "rush_complete",
+    "rush_failed",
+    "rush_stopped",
+    "rush_paused",
+    "task_failed",
+];
+
+impl NotifyConfig {
+    /// Whether any way of notifying is configured.
+    pub fn enabled(&self) -> bool {
+        !self.command.trim().is_empty() || !self.webhook.trim().is_empty() || self.desktop
+    }
+
+    /// Whether `event` is sent.
+    pub fn wants(&self, event: &str) -> bool {
+        self.enabled() && (self.events.is_empty() || self.events.iter().any(|e| e == event))
+    }
+
+    /// The webhook is an http(s) URL; events are known ones; the limits are positive.
+    fn check(&self) -> Result<(), String> {
+        let url = self.webhook.trim();
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "notify.webhook: must be an http:// or https:// URL, got {url:?}"
+            ));
+        }
+        for (i, e) in self.events.iter().enumerate() {
+            if !NOTIFY_EVENTS.contains(&e.as_str()) {
+                return Err(format!(
+                    "notify.events[{i}]: unknown event {e:?} (one of {})",
+                    NOTIFY_EVENTS.join(", ")
+                ));
+            }
+        }
+        if self.timeout_seconds.is_zero() {
+            return Err("notify.timeout_seconds: must be more than 0".into());
+        }
+        if self.webhook_retries > 10 {
+            return Err(format!(
+                "notify.webhook_retries: at most 10, got {}",
+                self.webhook_retries
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        Self {
+            command: String::new(),
+            webhook: String::new(),
+            desktop: false,
+            timeout_seconds: Duration::from_secs(10),
+            webhook_retries: 3,
+            events: Vec::new(),
+        }
+    }
 }
 
 /// `worktree:` section: making a worker's worktree like the user's checkout. A worktree holds
@@ -958,6 +1046,7 @@ impl Config {
         }
         self.symbols.check()?;
         self.worktree.check()?;
+        self.notify.check()?;
         for (key, v) in [
             ("git.identity.name", &self.git.identity.name),
             ("git.identity.email", &self.git.identity.email),

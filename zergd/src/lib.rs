@@ -9,6 +9,7 @@
 //! socket only its owner can open, and drives one [`supervisor::Supervisor`] actor that owns
 //! every rush; workers reach zergd on a separate socket per rush ([`worker_plane`]).
 
+pub mod alerts;
 pub mod backoff;
 pub mod calls;
 pub mod clock;

@@ -14,6 +14,7 @@ mod hostile;
 mod kubernetes;
 mod longrun;
 mod machines;
+mod notify;
 mod realcli;
 mod remote;
 mod symbols;

@@ -543,6 +543,38 @@ impl Supervisor {
                         )),
                     );
                 }
+                // So do notifications: a task failed for good, the rush ended or paused.
+                if r.config.notify.wants("task_failed") {
+                    for ev in r
+                        .events
+                        .iter()
+                        .filter(|e| e.kind == "task_failed_permanent")
+                    {
+                        let extra = serde_json::json!({
+                            "task_id": ev.data["task_id"],
+                            "error": ev.data["error"],
+                        });
+                        let n = r.notice("task_failed", wall, extra);
+                        crate::alerts::send(&r.config.notify, r.paths.repo.clone(), n);
+                    }
+                }
+                let state = r.doc.rush.state;
+                if r.notified_state != state {
+                    r.notified_state = state;
+                    let kind = match state {
+                        RushState::Complete => Some("rush_complete"),
+                        RushState::Failed => Some("rush_failed"),
+                        RushState::Stopped => Some("rush_stopped"),
+                        RushState::Paused => Some("rush_paused"),
+                        _ => None,
+                    };
+                    if let Some(kind) = kind
+                        && r.config.notify.wants(kind)
+                    {
+                        let n = r.notice(kind, wall, serde_json::json!({}));
+                        crate::alerts::send(&r.config.notify, r.paths.repo.clone(), n);
+                    }
+                }
                 // Monitor lines go out once the state they describe is on disk.
                 if !r.events.is_empty() {
                     let m = self

@@ -303,6 +303,9 @@ pub struct Rush {
     pub rt_workers: BTreeMap<u32, WorkerRt>,
     /// Events since the last save, for monitor.log and the events file (written by the shell).
     pub events: Vec<MonitorEvent>,
+    /// The state `notify:` was last told about (the state the rush was loaded in, at first):
+    /// a change to an end or to `paused` is told once.
+    pub notified_state: RushState,
     /// Whether `doc` changed since the last save.
     pub dirty: bool,
     /// What of `doc` is on disk, and where the next change goes.
@@ -378,6 +381,7 @@ impl Rush {
         );
         Rush {
             journal,
+            notified_state: doc.rush.state,
             doc,
             graph,
             config,
@@ -447,6 +451,37 @@ impl Rush {
             (!reason.is_empty() && state != RushState::Running && state != RushState::Complete)
                 .then(|| reason.to_string());
         self.dirty = true;
+    }
+
+    /// What `notify:` is told about this rush: `event` (`rush_complete`, `task_failed`, …),
+    /// the rush's feature, id, repository, state and reason, the time, and its task counts;
+    /// plus the fields of `extra`.
+    pub fn notice(
+        &self,
+        event: &str,
+        wall: SystemTime,
+        extra: serde_json::Value,
+    ) -> serde_json::Value {
+        let count = |s: TaskStatus| self.doc.tasks.values().filter(|t| t.status == s).count();
+        let mut v = serde_json::json!({
+            "event": event,
+            "feature": self.doc.feature,
+            "rush_id": self.id(),
+            "repo": self.paths.repo,
+            "state": self.state(),
+            "reason": self.doc.rush.reason,
+            "at": iso_millis(wall),
+            "tasks": {
+                "total": self.doc.tasks.len(),
+                "complete": count(TaskStatus::Complete),
+                "failed": count(TaskStatus::Failed),
+                "blocked": count(TaskStatus::Blocked),
+            },
+        });
+        if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+            v.extend(extra);
+        }
+        v
     }
 
     /// Records an event in monitor.log, the events file and the execution log.
