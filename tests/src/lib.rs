@@ -631,6 +631,19 @@ impl Daemon {
             .expect("zergctl runs")
     }
 
+    /// Runs zergctl in a repository with more variables in its environment (`PATH`).
+    pub fn ctl_in_env(&self, repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(bin("zergctl"));
+        self.isolate(&mut cmd);
+        cmd.args(args)
+            .current_dir(repo)
+            .env("ZERG_SOCKET", &self.socket)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .expect("zergctl runs")
+    }
+
     /// `zergctl status FEATURE --json`, or `None` if the command failed.
     pub fn status(&self, repo: &Path, feature: &str) -> Option<Value> {
         let out = self.ctl_in(repo, &["status", feature, "--json"]);

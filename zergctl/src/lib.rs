@@ -128,6 +128,23 @@ pub enum Command {
         #[arg(long)]
         repo: Option<PathBuf>,
     },
+    /// Take a complete rush's staging branch into the branch it started from: a fast-forward,
+    /// or a merge commit on which the quality gates run again. Refused while your checkout has
+    /// uncommitted changes in files it would change.
+    Land {
+        /// Feature.
+        feature: String,
+        /// Instead, push the staging branch and open a pull request with `gh` (its body lists
+        /// the tasks, their Task-IDs, cost and the gates run on the staging head).
+        #[arg(long)]
+        pr: bool,
+        /// The remote `--pr` pushes to.
+        #[arg(long, default_value = "origin")]
+        remote: String,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
     /// Requeue failed or blocked tasks and resume the rush.
     Retry {
         /// Feature.
@@ -434,6 +451,20 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             force,
             repo,
         } => cmd::stop::run(&socket, feature, force, repo).await,
+        Command::Land {
+            feature,
+            pr,
+            remote,
+            repo,
+        } => {
+            let args = cmd::land::LandArgs {
+                feature,
+                pr,
+                remote,
+                repo,
+            };
+            cmd::land::run(&socket, args).await
+        }
         Command::Retry {
             feature,
             tasks,

@@ -349,6 +349,56 @@ pub struct StopRush {
     pub force: bool,
 }
 
+/// Land a complete rush's staging branch (`zergctl land`).
+#[derive(Debug, Clone)]
+pub struct LandRush {
+    /// Which.
+    pub key: RushKey,
+    /// Run the gates on the staging head and move nothing.
+    pub gates_only: bool,
+}
+
+/// How a landing went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LandHow {
+    /// The base moved to the staging head.
+    FastForward,
+    /// The base moved to a merge commit.
+    Merge,
+    /// The base already held the staging head.
+    AlreadyLanded,
+    /// Gates only: nothing moved.
+    Checked,
+}
+
+/// One quality gate run by a landing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRun {
+    /// The gate's name.
+    pub name: String,
+    /// Whether it must pass.
+    pub required: bool,
+    /// Whether it passed.
+    pub passed: bool,
+    /// The end of its output.
+    pub output: String,
+}
+
+/// A landed (or checked) rush.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landed {
+    /// How.
+    pub how: LandHow,
+    /// The base branch's new head.
+    pub commit: String,
+    /// The base branch.
+    pub base_branch: String,
+    /// The staging branch.
+    pub staging_branch: String,
+    /// The gates that ran.
+    pub gates: Vec<GateRun>,
+}
+
 /// Requeue failed or blocked tasks.
 #[derive(Debug, Clone)]
 pub struct RetryTasks {

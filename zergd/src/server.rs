@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
-use crate::calls::{RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
+use crate::calls::{LandRush, RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
 use crate::logtail;
 use crate::supervisor::{ControlCmd, Event, Handle};
 use crate::wire::status;
@@ -248,6 +248,15 @@ impl Control for Services {
             .ask(|tx| Event::Control(ControlCmd::Prune(r, tx)))
             .await
             .map(|report| Response::new(report.into()))
+            .map_err(Status::from)
+    }
+
+    async fn land(&self, req: Request<v1::LandRequest>) -> Result<Response<v1::LandReply>, Status> {
+        let r = LandRush::try_from(req.into_inner())?;
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Land(r, tx)))
+            .await
+            .map(|landed| Response::new(landed.into()))
             .map_err(Status::from)
     }
 

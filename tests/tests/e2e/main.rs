@@ -12,6 +12,7 @@ mod gates;
 mod gitcore;
 mod hostile;
 mod kubernetes;
+mod land;
 mod longrun;
 mod machines;
 mod notify;

@@ -2,6 +2,7 @@
 //! offline).
 
 pub mod init;
+pub mod land;
 pub mod list;
 pub mod logs;
 pub mod prune;

@@ -147,6 +147,27 @@ impl Supervisor {
                 }
             },
             ControlCmd::Prune(req, reply) => self.prune(req, reply, wall),
+            ControlCmd::Land(req, reply) => match self.find_whole(&req.key) {
+                Ok(id) => {
+                    let r = &self.rushes[&id];
+                    if r.state() != RushState::Complete {
+                        let _ = reply.send(Err(SupervisorError::failed_precondition(format!(
+                            "rush {} is {}: only a complete rush lands (see zergctl status {})",
+                            r.feature(),
+                            r.state(),
+                            r.feature()
+                        ))));
+                        return;
+                    }
+                    let job = r.land_job(req.gates_only);
+                    tokio::task::spawn_blocking(move || {
+                        let _ = reply.send(super::land::land(&job));
+                    });
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             ControlCmd::Shutdown(reply) => self.shutdown = Some(reply),
         }
     }

@@ -651,7 +651,14 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             job.level
         ));
         let (ok, output) = match &job.gate_image {
-            Some(image) => run_gate_in_image(image, g, i, job, &log),
+            Some(image) => run_gate_in_image(
+                image,
+                g,
+                &format!("l{}-{i}", job.level),
+                &job.setup.0,
+                job.gates_stop.clone(),
+                &log,
+            ),
             None => run_shell(&g.command, staging, g.timeout, Some(&log)),
         };
         if !ok && g.required {
@@ -843,19 +850,18 @@ fn collect(sink: &OutputSink) -> String {
     String::from_utf8_lossy(&bytes).to_string()
 }
 
-/// Runs gate `g` (the `index`th of `job`'s level) in a fresh container of the rush's image
-/// (`gates.run_on: worker-image`), from a blocking job: the container is removed however the
-/// gate ends, the rush's stop included. An engine that cannot be reached fails the gate,
-/// saying why.
-fn run_gate_in_image(
+/// Runs gate `g` in a fresh container of the rush's image (`gates.run_on: worker-image`),
+/// named `zerg-gate-<rush>-<which>`, after `setup`, from a blocking job: the container is
+/// removed however the gate ends, `stop` turning true (the rush stopped) included. An engine
+/// that cannot be reached fails the gate, saying why.
+pub(super) fn run_gate_in_image(
     image: &zerg_launch::gate::GateContainer,
     g: &QualityGate,
-    index: usize,
-    job: &MergeJob,
+    which: &str,
+    setup: &[String],
+    mut stop: tokio::sync::watch::Receiver<bool>,
     log: &Path,
 ) -> (bool, String) {
-    let level = job.level;
-    let mut stop = job.gates_stop.clone();
     let mut c = image.clone();
     let rush: String = c
         .rush_id
@@ -863,8 +869,8 @@ fn run_gate_in_image(
         .filter(|ch| ch.is_ascii_alphanumeric())
         .take(24)
         .collect();
-    c.name = format!("zerg-gate-{rush}-l{level}-{index}");
-    c.command = with_setup(&job.setup.0, &g.command);
+    c.name = format!("zerg-gate-{rush}-{which}");
+    c.command = with_setup(setup, &g.command);
     c.timeout = g.timeout;
     let run = async {
         let docker = zerg_launch::engine::connect_engine()
@@ -902,7 +908,7 @@ fn with_setup(setup: &[String], gate: &str) -> String {
 }
 
 /// A gate name usable in a file name.
-fn sanitize(name: &str) -> String {
+pub(super) fn sanitize(name: &str) -> String {
     name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -915,7 +921,7 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-fn tail(s: &str, n: usize) -> String {
+pub(super) fn tail(s: &str, n: usize) -> String {
     let t = s.trim();
     if t.len() <= n {
         return t.to_string();

@@ -10,6 +10,7 @@ mod control;
 pub(crate) mod effects;
 mod escalations;
 pub mod jobs;
+pub mod land;
 mod park;
 mod recovery;
 pub mod rush;
@@ -105,6 +106,8 @@ pub enum ControlCmd {
     Retry(RetryTasks, Reply<Vec<String>>),
     /// Remove what ended rushes left on disk.
     Prune(PruneRequest, Reply<PruneReport>),
+    /// Take a complete rush's staging branch into its base branch.
+    Land(crate::calls::LandRush, Reply<crate::calls::Landed>),
     /// Exit zergd.
     Shutdown(Reply<()>),
 }

@@ -4,7 +4,8 @@
 use zerg_proto::v1;
 
 use crate::calls::{
-    PruneReport, PruneRequest, PrunedRush, RetryTasks, RushKey, StartRush, Started, StopRush,
+    LandHow, LandRush, Landed, PruneReport, PruneRequest, PrunedRush, RetryTasks, RushKey,
+    StartRush, Started, StopRush,
 };
 use crate::error::SupervisorError;
 
@@ -80,6 +81,43 @@ impl TryFrom<v1::StopRequest> for StopRush {
             key: key(r.repo, r.feature)?,
             force: r.force,
         })
+    }
+}
+
+impl TryFrom<v1::LandRequest> for LandRush {
+    type Error = SupervisorError;
+    fn try_from(r: v1::LandRequest) -> Result<Self, SupervisorError> {
+        Ok(LandRush {
+            key: key(r.repo, r.feature)?,
+            gates_only: r.gates_only,
+        })
+    }
+}
+
+impl From<Landed> for v1::LandReply {
+    fn from(l: Landed) -> Self {
+        let outcome = match l.how {
+            LandHow::FastForward => v1::LandOutcome::FastForward,
+            LandHow::Merge => v1::LandOutcome::Merge,
+            LandHow::AlreadyLanded => v1::LandOutcome::AlreadyLanded,
+            LandHow::Checked => v1::LandOutcome::Checked,
+        };
+        v1::LandReply {
+            outcome: outcome as i32,
+            commit: l.commit,
+            base_branch: l.base_branch,
+            staging_branch: l.staging_branch,
+            gates: l
+                .gates
+                .into_iter()
+                .map(|g| v1::GateRun {
+                    name: g.name,
+                    required: g.required,
+                    passed: g.passed,
+                    output: g.output,
+                })
+                .collect(),
+        }
     }
 }
 

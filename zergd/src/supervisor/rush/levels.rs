@@ -80,6 +80,24 @@ impl Rush {
         });
     }
 
+    /// What `zergctl land` needs of this rush (`gates_only`: check the staging head only).
+    pub fn land_job(&self, gates_only: bool) -> crate::supervisor::land::LandJob {
+        crate::supervisor::land::LandJob {
+            repo: self.paths.repo.clone(),
+            feature: self.doc.feature.clone(),
+            base_branch: self.doc.rush.base_branch.clone(),
+            base_commit: self.doc.rush.base_commit.clone(),
+            scratch: self.paths.staging_worktree().with_file_name("land"),
+            gates: self.config.quality_gates.clone(),
+            worktree: self.config.worktree.clone(),
+            readable_by: crate::supervisor::jobs::gate_reader(self.doc.rush.mode, &self.config),
+            gate_image: self.gate_image(),
+            log_dir: self.paths.log_dir.clone(),
+            identity: self.config.git.identity.clone(),
+            gates_only,
+        }
+    }
+
     /// The container a gate of this rush runs in, unless the gates run on the host (a
     /// subprocess rush, or `gates.run_on: host`).
     fn gate_image(&self) -> Option<zerg_launch::gate::GateContainer> {
