@@ -64,6 +64,24 @@ pub struct Config {
     pub worktree: WorktreeConfig,
     /// Who hears when a rush ends or pauses, or a task fails for good.
     pub notify: NotifyConfig,
+    /// `zergctl design`: the agent writing a feature's task graph.
+    pub design: DesignConfig,
+}
+
+/// `design:` section: `zergctl design FEATURE`, where the agent CLI writes the task graph from
+/// the feature's requirements.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DesignConfig {
+    /// Agent runs at most: the first, and one more for each time its graph had problems (they
+    /// are given back to it).
+    pub max_rounds: u32,
+}
+
+impl Default for DesignConfig {
+    fn default() -> Self {
+        Self { max_rounds: 3 }
+    }
 }
 
 /// `notify:` section: telling someone when a rush completes, fails, is stopped or pauses, and
@@ -1047,6 +1065,12 @@ impl Config {
         self.symbols.check()?;
         self.worktree.check()?;
         self.notify.check()?;
+        if !(1..=10).contains(&self.design.max_rounds) {
+            return Err(format!(
+                "design.max_rounds: must be 1 to 10, got {}",
+                self.design.max_rounds
+            ));
+        }
         for (key, v) in [
             ("git.identity.name", &self.git.identity.name),
             ("git.identity.email", &self.git.identity.email),

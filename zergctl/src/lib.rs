@@ -201,6 +201,19 @@ pub enum Command {
         #[arg(long)]
         repo: Option<PathBuf>,
     },
+    /// Have the agent CLI write a feature's task graph from `.gsd/specs/FEATURE/requirements.md`
+    /// (and `design.md`): validated, given back to the agent with its problems until it is
+    /// valid (`design.max_rounds`), relevelled, then written to the spec directory.
+    Design {
+        /// Feature.
+        feature: String,
+        /// Print the graph instead of writing it.
+        #[arg(long)]
+        dry_run: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
+    },
     /// Check a task graph offline and list every problem (exit 0 valid, 1 invalid, 65 unreadable).
     Validate {
         /// A task-graph.json path, or a feature name in the current repository.
@@ -377,6 +390,11 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
     let socket = zerg_proto::transport::resolve_socket(cli.socket.as_deref());
     match cli.command {
         Command::Validate { target, fix } => cmd::validate::validate(&target, fix),
+        Command::Design {
+            feature,
+            dry_run,
+            repo,
+        } => cmd::design::run(feature, dry_run, repo).await,
         Command::Init { repo } => cmd::init::run(repo),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

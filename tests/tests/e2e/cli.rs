@@ -253,3 +253,99 @@ fn validate_fix_relevels_a_graph_from_its_dependencies_and_refuses_a_cycle_by_na
     );
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
 }
+
+#[test]
+fn design_gives_the_agent_its_graphs_problems_until_it_is_valid_and_the_graph_then_runs() {
+    let repo = TestRepo::new();
+    let spec = repo.path.join(".gsd/specs/ds");
+    std::fs::create_dir_all(&spec).unwrap();
+    std::fs::write(
+        spec.join("requirements.md"),
+        "# Greeting\n\nA greeting module and its formatter.\n",
+    )
+    .unwrap();
+    let dir = repo.path.parent().unwrap();
+    let prompts = dir.join("prompts");
+    // A stand-in for the agent CLI: its first graph puts B at A's level though B depends on A,
+    // and gives C no verification; given its problems, it writes them right (leaving C one
+    // level higher than it needs, for the relevelling).
+    let bad = json!({"feature": "ds", "tasks": [
+        {"id": "DS-A", "title": "module", "level": 1, "dependencies": [],
+         "files": {"create": ["greet/mod.txt"], "modify": [], "read": []},
+         "verification": {"command": "test -f greet/mod.txt"}},
+        {"id": "DS-B", "title": "formatter", "level": 1, "dependencies": ["DS-A"],
+         "files": {"create": ["greet/fmt.txt"], "modify": [], "read": ["greet/"]},
+         "verification": {"command": "test -f greet/fmt.txt"}},
+        {"id": "DS-C", "title": "docs", "level": 2, "dependencies": ["DS-A"],
+         "files": {"create": ["greet/README.txt"], "modify": [], "read": []}}
+    ]});
+    let mut good = bad.clone();
+    good["tasks"][1]["level"] = json!(2);
+    good["tasks"][2]["level"] = json!(3);
+    good["tasks"][2]["verification"] = json!({"command": "test -f greet/README.txt"});
+    std::fs::write(dir.join("bad.json"), bad.to_string()).unwrap();
+    std::fs::write(dir.join("good.json"), good.to_string()).unwrap();
+    let agent = dir.join("design-agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "for a; do p=\"$a\"; done\nprintf '%s\\n=====\\n' \"$p\" >> '{p}'\nmkdir -p .gsd/specs/ds\ncase \"$p\" in\n  *'Problems in the graph'*) cp '{d}/good.json' .gsd/specs/ds/task-graph.json ;;\n  *) cp '{d}/bad.json' .gsd/specs/ds/task-graph.json ;;\nesac\n",
+            p = prompts.display(),
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    repo.configure(&Config::new().agent_command(&["sh", &agent.to_string_lossy()]));
+    let d = Daemon::start();
+
+    let dry = d.ctl_in(&repo.path, &["design", "ds", "--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", shown(&dry));
+    assert!(
+        !spec.join("task-graph.json").exists(),
+        "--dry-run writes nothing"
+    );
+
+    let out = d.ctl_in(&repo.path, &["design", "ds"]);
+    let said = shown(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    for line in [
+        "round 1: 2 problem(s) in the graph; giving them back to the agent",
+        "relevelled DS-C: level 3 -> 2",
+        "3 tasks (level 1: 1, level 2: 2); 3 files created or modified; longest chain (2 tasks): DS-A → DS-B",
+    ] {
+        assert!(said.contains(line), "{line:?} in {said}");
+    }
+    assert!(!said.contains("round 3"), "{said}");
+    // The second prompt carried the first graph's problems.
+    let asked = std::fs::read_to_string(&prompts).unwrap();
+    let second = asked.split("=====\n").nth(3).unwrap_or_default();
+    assert!(second.contains("A greeting module"), "{second}");
+    assert!(
+        second.contains("not lower than this task's level"),
+        "{second}"
+    );
+    assert!(
+        second.contains("tasks[2] (DS-C): verification.command: missing"),
+        "{second}"
+    );
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(spec.join("task-graph.json")).unwrap()).unwrap();
+    assert_eq!(written["tasks"][2]["level"], 2);
+    let v = d.ctl_in(&repo.path, &["validate", "ds"]);
+    assert_eq!(v.status.code(), Some(0), "{}", shown(&v));
+    assert!(
+        git(&repo.path, &["worktree", "list"]).lines().count() == 1,
+        "the scratch worktree is gone"
+    );
+
+    // The designed graph runs.
+    repo.configure(&Config::fake_agent().fast_workers());
+    git(&repo.path, &["add", ".gsd"]);
+    git(&repo.path, &["commit", "-q", "-m", "the designed graph"]);
+    let rush = d.ctl_in(&repo.path, &["rush", "ds", "--workers", "2"]);
+    assert_eq!(rush.status.code(), Some(0), "{}", shown(&rush));
+    let files = repo.files_on("zerg/ds/staging");
+    for f in ["greet/mod.txt", "greet/fmt.txt", "greet/README.txt"] {
+        assert!(files.iter().any(|x| x == f), "{f} in {files:?}");
+    }
+}

@@ -127,13 +127,17 @@ fn relevel_file(path: &Path) -> Result<Option<u8>, CliError> {
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory, synced and then
-/// renamed over it, keeping the file's permission bits; the directory is synced after.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// renamed over it, keeping the permission bits of the file it replaces (0644 for a new one);
+/// the directory is synced after.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let perms = std::fs::metadata(path)?.permissions();
+    let perms = std::fs::metadata(path)
+        .map(|m| m.permissions())
+        .unwrap_or_else(|_| std::fs::Permissions::from_mode(0o644));
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().set_permissions(perms)?;
