@@ -960,6 +960,24 @@ pub mod procfs {
     }
 }
 
+/// A command's stdout then stderr, as text.
+pub fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `PATH` with `dir` first: where a test puts the stand-in programs a command should find.
+pub fn path_with(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// The standard 12-task, 3-level graph. Level 2 tasks verify files made by *all* level-1
 /// tasks and level 3 tasks verify files made by all level-2 tasks, so with several workers
 /// every later level depends on other workers' output having been merged in between.

@@ -90,11 +90,7 @@ fn a_python_project_whose_tests_read_a_gitignored_env_completes_with_worktree_co
     let out = d.ctl_in(&repo.path, &["rush", "py", "--workers", "3", "--detach"]);
     ok(&out);
     // The user sees what leaves their checkout.
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = said(&out);
     assert!(
         said.contains("worktree.copy: 1 ignored file(s)") && said.contains(".env"),
         "{said}"
@@ -140,11 +136,7 @@ fn a_verification_command_that_is_not_installed_pauses_the_rush_once_naming_the_
     // A directory on zergd's PATH, empty for now: `zz-check` is not installed.
     let bin_dir = repo.path.parent().unwrap().join("bin");
     std::fs::create_dir_all(&bin_dir).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with(&bin_dir);
     let d = Daemon::builder().env("PATH", path).start();
     let reason = rush_until_paused(&d, &repo, "nf", "3");
     assert!(
@@ -408,11 +400,7 @@ fn remote_rush_gets_copies_in_a_project_image(
         &["rush", "rc", "--workers", "2", "--mode", mode, "--detach"],
     );
     ok(&out);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = said(&out);
     assert!(
         said.contains("over the worker plane to every worker") && said.contains(".env"),
         "{said}"

@@ -9,14 +9,6 @@ use std::time::Duration;
 use serde_json::json;
 use zerg_tests::*;
 
-fn said(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn ok(out: &std::process::Output) -> String {
     assert!(out.status.success(), "{}", said(out));
     said(out)
@@ -216,11 +208,7 @@ fn land_pr_pushes_staging_and_opens_a_pull_request_listing_tasks_cost_and_gates(
     )
     .unwrap();
     std::fs::set_permissions(bin.join("gh"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with(&bin);
     let d = Daemon::start();
     ok(&d.ctl_in(&repo.path, &["rush", "lp", "--workers", "2"]));
     let main_before = head(&repo, "main");

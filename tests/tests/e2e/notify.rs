@@ -135,11 +135,7 @@ fn a_webhook_and_a_command_hear_once_of_each_pause_completion_failure_and_stop()
     repo.configure(&notify(Config::fake_agent().fast_workers()));
     let bin_dir = repo.path.parent().unwrap().join("bin");
     std::fs::create_dir_all(&bin_dir).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with(&bin_dir);
     let d = Daemon::builder().env("PATH", path).start();
     ok(&d.ctl_in(&repo.path, &["rush", "np", "--workers", "3", "--detach"]));
     let paused = hook.wait("rush_paused", "np");
@@ -273,11 +269,7 @@ fn events_limits_what_is_sent_and_a_bad_webhook_is_refused_naming_the_key() {
     )
     .unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = path_with(&bin_dir);
     let d = Daemon::builder().env("PATH", path).start();
     let out = d.ctl_in(&repo.path, &["rush", "ne", "--workers", "2"]);
     assert_eq!(out.status.code(), Some(1));
