@@ -66,6 +66,39 @@ pub struct Config {
     pub notify: NotifyConfig,
     /// `zergctl design`: the agent writing a feature's task graph.
     pub design: DesignConfig,
+    /// What a conflict at a level merge becomes.
+    pub merge: MergeConfig,
+}
+
+/// `merge:` section: a conflict while merging a worker's branch into staging.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MergeConfig {
+    /// `agent`: the conflict becomes a resolution task that a worker's agent resolves; `pause`:
+    /// the rush pauses for a person to resolve it on the staging branch.
+    pub resolve: MergeResolve,
+    /// Attempts of one resolution task before the rush pauses, naming the files.
+    pub resolve_attempts: u32,
+}
+
+impl Default for MergeConfig {
+    fn default() -> Self {
+        Self {
+            resolve: MergeResolve::Agent,
+            resolve_attempts: 2,
+        }
+    }
+}
+
+/// Who resolves a merge conflict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MergeResolve {
+    /// A resolution task, run by a worker's agent.
+    #[default]
+    Agent,
+    /// A person: the rush pauses.
+    Pause,
 }
 
 /// `design:` section: `zergctl design FEATURE`, where the agent CLI writes the task graph from
@@ -1065,6 +1098,12 @@ impl Config {
         self.symbols.check()?;
         self.worktree.check()?;
         self.notify.check()?;
+        if !(1..=10).contains(&self.merge.resolve_attempts) {
+            return Err(format!(
+                "merge.resolve_attempts: must be 1 to 10, got {}",
+                self.merge.resolve_attempts
+            ));
+        }
         if !(1..=10).contains(&self.design.max_rounds) {
             return Err(format!(
                 "design.max_rounds: must be 1 to 10, got {}",

@@ -322,6 +322,49 @@ pub fn merge_into(
     }
 }
 
+/// Commits the merge of `commit` into the branch checked out in `staging_wt` as it stands,
+/// conflict markers and all (a merge commit whose parents are the branch's head and `commit`),
+/// then puts the branch back where it was. Returns the marked commit, for an agent to resolve
+/// from. With `trusted`'s options and `identity` as [`merge_into`].
+pub fn marked_merge(
+    staging_wt: &Path,
+    commit: &str,
+    message: &str,
+    trusted: &Trusted,
+    identity: Option<(&str, &str)>,
+) -> Result<String, GitError> {
+    let head = git(staging_wt, &["rev-parse", "HEAD"])?;
+    let env: Vec<(&str, &str)> = match identity {
+        Some((name, email)) => vec![
+            ("GIT_AUTHOR_NAME", name),
+            ("GIT_AUTHOR_EMAIL", email),
+            ("GIT_COMMITTER_NAME", name),
+            ("GIT_COMMITTER_EMAIL", email),
+        ],
+        None => vec![],
+    };
+    // Conflicts make the merge exit non-zero: expected here.
+    let _ = run(
+        staging_wt,
+        trusted,
+        &env,
+        &["merge", "--no-ff", "--no-commit", commit],
+    );
+    let marked = run(staging_wt, trusted, &env, &["add", "-A"])
+        .and_then(|_| {
+            run(
+                staging_wt,
+                trusted,
+                &env,
+                &["commit", "--no-verify", "-q", "-m", message],
+            )
+        })
+        .and_then(|_| git(staging_wt, &["rev-parse", "HEAD"]));
+    let _ = run(staging_wt, trusted, &[], &["merge", "--abort"]);
+    run(staging_wt, trusted, &[], &["reset", "--hard", "-q", &head])?;
+    marked
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -273,6 +273,7 @@ fn level_state() -> impl Strategy<Value = LevelState> {
                     merge_status,
                     conflicts,
                     merge_details: details,
+                    resolution: None,
                 }
             },
         )

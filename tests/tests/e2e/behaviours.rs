@@ -842,7 +842,8 @@ fn a_merge_conflict_resolved_as_documented_then_retry_completes_the_rush() {
         ]})
         .to_string(),
     );
-    repo.configure(&config());
+    // `merge.resolve: pause`: the conflict is the person's to resolve.
+    repo.configure(&config().set("merge.resolve", "pause"));
     // A barrier: each level-1 task waits until both have started, so two workers hold them.
     let barrier = |me: &str| {
         json!({"op": "shell", "command": format!(

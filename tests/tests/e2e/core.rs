@@ -638,10 +638,12 @@ fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
     ]});
     repo.write_graph("mc", &graph.to_string());
     // The tasks that meet say nothing while they wait: no stale detection may cut that short.
+    // `merge.resolve: pause`: a person resolves conflicts.
     repo.configure(
         &Config::fake_agent()
             .fast_workers()
-            .set("workers.task_stale_timeout_seconds", 60),
+            .set("workers.task_stale_timeout_seconds", 60)
+            .set("merge.resolve", "pause"),
     );
     // M-L1-002 writes the file M-L1-001 owns, with other content: the two branches conflict.
     // The two wait for each other, so they run at the same time in two workers (one worker
@@ -686,6 +688,184 @@ fn a_merge_conflict_pauses_the_rush_and_names_files_and_tasks() {
     assert_eq!(st["tasks"]["M-L2-001"]["status"], "pending");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("paused"), "{text}");
+}
+
+/// A repository whose two level-1 tasks append different lines to `notes.txt` (the second out
+/// of its scope) at the same time in two workers, so that their branches conflict; `resolve`
+/// is what the stand-in agent does as the resolution task.
+fn conflicting_notes(resolve: serde_json::Value, attempts: u32) -> (TestRepo, tempfile::TempDir) {
+    let repo = TestRepo::new();
+    std::fs::write(repo.path.join("notes.txt"), "# notes\n").unwrap();
+    git(&repo.path, &["add", "notes.txt"]);
+    git(&repo.path, &["commit", "-q", "-m", "notes"]);
+    // Two level-1 tasks append different lines to the same file (the second out of its scope).
+    let graph = json!({"feature": "rc", "tasks": [
+        {"id": "R-L1-001", "title": "first note", "description": "Append the first note.",
+         "level": 1, "files": {"create": [], "modify": ["notes.txt"], "read": []},
+         "verification": {"command": "grep -qx 'first' notes.txt"}},
+        {"id": "R-L1-002", "title": "second note", "description": "Append the second note.",
+         "level": 1, "files": {"create": ["b.txt"], "modify": [], "read": []},
+         "verification": {"command": "grep -qx 'second' notes.txt && test -f b.txt"}},
+        {"id": "R-L2-001", "title": "later", "level": 2,
+         "dependencies": ["R-L1-001", "R-L1-002"],
+         "files": {"create": ["z.txt"], "modify": [], "read": ["notes.txt"]},
+         "verification": {"command": "grep -qx first notes.txt && grep -qx second notes.txt"}}
+    ]});
+    repo.write_graph("rc", &graph.to_string());
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.task_stale_timeout_seconds", 60)
+            .set("merge.resolve_attempts", attempts),
+    );
+    let marks = tempfile::tempdir().unwrap();
+    let mark = |n: &str| marks.path().join(n);
+    let meet = |me: &str, other: &str| {
+        vec![
+            json!({"op": "touch", "path": mark(me)}),
+            json!({"op": "wait_for_file", "path": mark(other), "timeout_ms": 60_000}),
+        ]
+    };
+    let mut first = meet("first", "second");
+    first.push(json!({"op": "append", "path": "notes.txt", "content": "first\n"}));
+    let mut second = meet("second", "first");
+    second.extend([
+        json!({"op": "write_owned"}),
+        json!({"op": "append", "path": "notes.txt", "content": "second\n"}),
+    ]);
+    repo.write_script(
+        "rc",
+        &json!({"tasks": {"R-L1-001": first, "R-L1-002": second,
+                          "RESOLVE-L1-W1": resolve.clone(), "RESOLVE-L1-W0": resolve}}),
+    );
+    (repo, marks)
+}
+
+#[test]
+fn a_merge_conflict_becomes_a_resolution_task_that_keeps_both_lines_and_the_rush_completes() {
+    // The stand-in resolves by keeping both sides: it drops git's marker lines.
+    let resolve = json!([{"op": "shell", "command":
+        "sed -i -e '/^<<<<<<< /d' -e '/^=======$/d' -e '/^>>>>>>> /d' notes.txt"}]);
+    let (repo, _marks) = conflicting_notes(resolve, 2);
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "rc", "--workers", "2"]);
+    let st = d.status(&repo.path, "rc").unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{st}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(st["state"], "complete", "{st}");
+    // The resolution task is in the status like any task, and says what it resolved.
+    let resolution = st["tasks"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| id.starts_with("RESOLVE-L1-W"))
+        .map(|(id, t)| (id.clone(), t.clone()))
+        .expect("a resolution task");
+    assert_eq!(resolution.1["status"], "complete", "{st}");
+    assert!(
+        resolution.1["title"]
+            .as_str()
+            .is_some_and(|t| t.contains("notes.txt")
+                && t.contains("R-L1-001")
+                && t.contains("R-L1-002")),
+        "{resolution:?}"
+    );
+    // Staging holds both lines, and every Task-ID once.
+    let notes = git(&repo.path, &["show", "zerg/rc/staging:notes.txt"]);
+    assert_eq!(
+        notes.lines().filter(|l| *l == "first").count(),
+        1,
+        "{notes}"
+    );
+    assert_eq!(
+        notes.lines().filter(|l| *l == "second").count(),
+        1,
+        "{notes}"
+    );
+    assert!(
+        !notes.contains("<<<<<<<") && !notes.contains(">>>>>>>"),
+        "{notes}"
+    );
+    let mut ids = repo.task_ids_on("zerg/rc/staging");
+    ids.sort();
+    let mut want = vec![
+        "R-L1-001".to_string(),
+        "R-L1-002".to_string(),
+        "R-L2-001".to_string(),
+        resolution.0.clone(),
+    ];
+    want.sort();
+    assert_eq!(ids, want);
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    assert!(
+        log.contains(&format!("resolution task {} queued", resolution.0)),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_resolution_in_progress_survives_a_kill_9_of_zergd() {
+    let go = tempfile::tempdir().unwrap();
+    let resolve = json!([
+        {"op": "wait_for_file", "path": go.path().join("go"), "timeout_ms": 120_000},
+        {"op": "shell", "command":
+            "sed -i -e '/^<<<<<<< /d' -e '/^=======$/d' -e '/^>>>>>>> /d' notes.txt"}
+    ]);
+    let (repo, _marks) = conflicting_notes(resolve, 2);
+    let mut d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "rc", "--workers", "2", "--detach"]);
+    assert!(out.status.success(), "{}", said(&out));
+    d.wait_for(
+        &repo.path,
+        "rc",
+        Duration::from_secs(120),
+        "the resolution task running",
+        |s| {
+            s["tasks"].as_object().is_some_and(|t| {
+                t.iter()
+                    .any(|(id, t)| id.starts_with("RESOLVE-") && t["status"] == "in_progress")
+            })
+        },
+    );
+    d.restart();
+    std::fs::write(go.path().join("go"), "").unwrap();
+    let st = d.wait_end(&repo.path, "rc", Duration::from_secs(120));
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    let notes = git(&repo.path, &["show", "zerg/rc/staging:notes.txt"]);
+    assert!(
+        notes.lines().any(|l| l == "first")
+            && notes.lines().any(|l| l == "second")
+            && !notes.contains("<<<<<<<"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn a_resolution_that_fails_its_attempts_pauses_the_rush_naming_the_files() {
+    // The stand-in leaves the markers in: the verification refuses every attempt.
+    let (repo, _marks) = conflicting_notes(json!([{"op": "print", "text": "left as is"}]), 2);
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["rush", "rc", "--workers", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    let st = d.status(&repo.path, "rc").unwrap();
+    assert_eq!(st["state"], "paused", "{st}");
+    assert_eq!(st["levels"]["1"]["conflicts"], json!(["notes.txt"]));
+    let reason = st["reason"].as_str().unwrap();
+    assert!(reason.contains("notes.txt"), "{reason}");
+    let failed: Vec<(&String, &Value)> = st["tasks"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(id, _)| id.starts_with("RESOLVE-"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{st}");
+    assert_eq!(failed[0].1["status"], "failed", "{st}");
+    assert_eq!(failed[0].1["attempts"], 2, "{st}");
+    assert_eq!(st["tasks"]["R-L2-001"]["status"], "pending");
 }
 
 #[test]

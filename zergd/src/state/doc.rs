@@ -293,6 +293,35 @@ pub struct LevelState {
     pub conflicts: Vec<String>,
     /// Error details of a failed merge or gate.
     pub merge_details: Option<String>,
+    /// The merge conflict an agent is resolving (`merge.resolve: agent`), while it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<Resolution>,
+}
+
+/// A merge conflict turned into a resolution task: what the task is, and where the level's
+/// merge goes on from once it is done.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
+pub struct Resolution {
+    /// The resolution task's id (`RESOLVE-L<level>-W<worker>`).
+    pub task_id: String,
+    /// The worker whose branch conflicted.
+    pub worker: u32,
+    /// The commit the task starts from: the merge of that branch into staging, conflict
+    /// markers committed as they are.
+    pub base: String,
+    /// The conflicting paths.
+    pub files: Vec<String>,
+    /// The heads of the level still to merge after it, in order: (worker, commit).
+    pub rest: Vec<(u32, String)>,
+    /// The task's title.
+    pub title: String,
+    /// The task's description (the prompt's body).
+    pub description: String,
+    /// Files the task may read.
+    pub read: Vec<String>,
+    /// The task's verification: no conflict marker left, and both tasks' verifications.
+    pub verification: String,
 }
 
 /// One `execution_log` entry.

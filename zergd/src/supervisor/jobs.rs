@@ -559,6 +559,13 @@ fn exclude_zerg_dirs(repo: &Path) {
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
     let staging = &job.staging;
     let trusted = git::Trusted::new(staging, &job.base);
+    // After a resolution task: staging moves to its commit (which holds the staging head and
+    // the branch that conflicted), and the level's merge goes on from there.
+    if let Some(resolved) = &job.resume_from
+        && let Err(e) = git::reset_hard(staging, resolved, &trusted)
+    {
+        return MergeResult::Error(e.to_string());
+    }
     let repo = match zerg_git::Repo::open(staging) {
         Ok(r) => r,
         Err(e) => return MergeResult::Error(e.to_string()),
@@ -608,11 +615,34 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             let identity = configured
                 .is_none()
                 .then_some((job.identity.name.as_str(), job.identity.email.as_str()));
-            for (w, _, head) in &job.heads {
+            for (i, (w, _, head)) in job.heads.iter().enumerate() {
                 match git::merge_into(staging, head, &message(*w), &trusted, identity) {
                     Ok(MergeOutcome::Merged(_)) => {}
                     Ok(MergeOutcome::Conflict(files)) => {
-                        return MergeResult::Conflict { worker: *w, files };
+                        let marked = job
+                            .mark_conflicts
+                            .then(|| {
+                                let note = format!(
+                                    "ZERG: conflicted merge of {} (level {}), to resolve: {}",
+                                    worker_branch(feature, *w),
+                                    job.level,
+                                    files.join(", ")
+                                );
+                                git::marked_merge(staging, head, &note, &trusted, identity).ok()
+                            })
+                            .flatten()
+                            .map(|c| {
+                                let rest = job.heads[i + 1..]
+                                    .iter()
+                                    .map(|(w, _, h)| (*w, h.clone()))
+                                    .collect();
+                                (c, rest)
+                            });
+                        return MergeResult::Conflict {
+                            worker: *w,
+                            files,
+                            marked,
+                        };
                     }
                     Err(e) => return MergeResult::Error(e.to_string()),
                 }

@@ -1949,6 +1949,7 @@ fn conflicted() -> H {
         MergeResult::Conflict {
             worker: 1,
             files: vec!["src/a-l1-002.rs".into()],
+            marked: None,
         },
     );
     h.lease(0);
@@ -2342,6 +2343,7 @@ fn a_map_that_cannot_be_built_or_updated_does_not_hold_the_rush() {
     let conflict = MergeResult::Conflict {
         worker: 0,
         files: vec!["src/ledger.rs".into()],
+        marked: None,
     };
     let update = Ok((ledger_map("sha-L1", true), BuildStats::default()));
     h.run(|r, _, wall, _| r.on_reindexed(1, &conflict, update, wall));

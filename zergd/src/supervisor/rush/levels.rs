@@ -31,18 +31,38 @@ impl Rush {
         self.merging = true;
         let ls = self.doc.levels.entry(level.to_string()).or_default();
         ls.merge_status = MergeStatus::Merging;
-        let heads = (0..self.doc.rush.workers)
-            .filter_map(|w| {
-                let ws = self.doc.workers.get(&w.to_string())?;
-                (!ws.accepted_head.is_empty()).then(|| {
-                    (
-                        w,
-                        PathBuf::from(&ws.worktree_path),
-                        ws.accepted_head.clone(),
-                    )
+        // A resolved conflict: the merge goes on from the resolution's commit with the heads
+        // that were still to merge.
+        let resolved = ls.resolution.as_ref().and_then(|r| {
+            let commit = self.doc.tasks.get(&r.task_id)?.commit.clone()?;
+            Some((commit, r.rest.clone()))
+        });
+        let heads = match &resolved {
+            Some((_, rest)) => rest
+                .iter()
+                .map(|(w, h)| {
+                    let wt = self
+                        .doc
+                        .workers
+                        .get(&w.to_string())
+                        .map(|ws| PathBuf::from(&ws.worktree_path))
+                        .unwrap_or_default();
+                    (*w, wt, h.clone())
                 })
-            })
-            .collect();
+                .collect(),
+            None => (0..self.doc.rush.workers)
+                .filter_map(|w| {
+                    let ws = self.doc.workers.get(&w.to_string())?;
+                    (!ws.accepted_head.is_empty()).then(|| {
+                        (
+                            w,
+                            PathBuf::from(&ws.worktree_path),
+                            ws.accepted_head.clone(),
+                        )
+                    })
+                })
+                .collect(),
+        };
         self.event(
             wall,
             Source::Orchestrator,
@@ -77,6 +97,8 @@ impl Rush {
                 self.gates_stop.send_replace(false);
                 self.gates_stop.subscribe()
             },
+            mark_conflicts: self.config.merge.resolve == crate::config::MergeResolve::Agent,
+            resume_from: resolved.map(|(c, _)| c),
         });
     }
 
@@ -138,7 +160,15 @@ impl Rush {
         }
         match result {
             MergeResult::Merged(head) => self.level_merged(level, Some(head), now, wall, fx),
-            MergeResult::Conflict { worker, files } => {
+            MergeResult::Conflict {
+                worker,
+                files,
+                marked: Some((base, rest)),
+            } if self.resolvable(level, worker) => {
+                self.open_resolution(level, worker, files, base, rest, wall);
+                self.dispatch(now, wall, fx);
+            }
+            MergeResult::Conflict { worker, files, .. } => {
                 let tasks: Vec<String> = self
                     .graph
                     .tasks

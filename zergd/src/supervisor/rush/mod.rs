@@ -15,7 +15,7 @@ use crate::error::SupervisorError;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use zerg_proto::graph::TaskGraph;
+use zerg_proto::graph::{Task, TaskGraph};
 use zerg_symbols::{BuildStats, Settings as SymbolSettings, SymbolIndex};
 
 use crate::backoff::Backoff;
@@ -38,6 +38,7 @@ use zerg_proto::contract::{Revocation, WorkerExit};
 mod levels;
 mod lifecycle;
 mod recovery;
+mod resolve;
 mod symbols;
 mod tasks;
 mod timers;
@@ -127,6 +128,11 @@ pub struct MergeJob {
     pub setup: (Vec<String>, Duration),
     /// Turns true when the rush stops, which ends a gate running in a container.
     pub gates_stop: tokio::sync::watch::Receiver<bool>,
+    /// Whether a conflict is committed with its markers for a resolution task
+    /// (`merge.resolve: agent`) rather than only reported.
+    pub mark_conflicts: bool,
+    /// After a resolution: the resolved commit staging moves to first, before `heads`.
+    pub resume_from: Option<String>,
 }
 
 /// A symbol map to build from a commit (the first of a rush, in a blocking job).
@@ -157,6 +163,9 @@ pub enum MergeResult {
         worker: u32,
         /// Conflicting paths.
         files: Vec<String>,
+        /// With `merge.resolve: agent`: the merge committed with its conflict markers, and the
+        /// heads still to merge after it.
+        marked: Option<(String, Vec<(u32, String)>)>,
     },
     /// A required quality gate failed.
     GateFailed {
@@ -379,7 +388,8 @@ impl Rush {
             StateStore::new(&paths.state_dir, &doc.feature),
             doc.rush.journal_seq,
         );
-        Rush {
+
+        let mut rush = Rush {
             journal,
             notified_state: doc.rush.state,
             doc,
@@ -401,7 +411,10 @@ impl Rush {
             symbols: None,
             indexing: false,
             gates_stop: tokio::sync::watch::channel(false).0,
-        }
+        };
+        // Resolution tasks are not in the spec's graph: they come back from the state.
+        rush.restore_resolutions();
+        rush
     }
 
     /// The container settings of the rush's workers (and of its gate containers), from its

@@ -62,7 +62,11 @@ impl Rush {
         now: Instant,
         wall: SystemTime,
     ) {
-        let max = self.config.workers.retry_attempts;
+        let max = if self.is_resolution(t) {
+            self.config.merge.resolve_attempts.saturating_sub(1)
+        } else {
+            self.config.workers.retry_attempts
+        };
         let backoff = self.task_backoff();
         let Some(ts) = self.doc.tasks.get_mut(t) else {
             return;

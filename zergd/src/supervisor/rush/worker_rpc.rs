@@ -314,13 +314,16 @@ impl Rush {
         wall: SystemTime,
     ) -> Assignment {
         let staging = self.doc.rush.staging_head.clone();
-        let base = self
-            .doc
-            .workers
-            .get(&w.to_string())
-            .map(|x| x.accepted_head.clone())
-            .filter(|h| !h.is_empty())
-            .unwrap_or(staging);
+        // A resolution task starts from its conflicted merge; any other from the worker's own
+        // last accepted commit.
+        let base = self.resolution_base(task_id).unwrap_or_else(|| {
+            self.doc
+                .workers
+                .get(&w.to_string())
+                .map(|x| x.accepted_head.clone())
+                .filter(|h| !h.is_empty())
+                .unwrap_or(staging)
+        });
         let ts = self.doc.tasks.get_mut(task_id).expect("task exists");
         ts.leases += 1;
         let lease_id = format!("{task_id}#{}", ts.leases);
