@@ -314,6 +314,7 @@ const NOTABLE: &[&str] = &[
     "rush_stopped",
     "level_complete",
     "merge_conflict",
+    "merge_conflict_resolution",
     "gate_failed",
     "merge_failed",
     "task_retry",
@@ -639,6 +640,10 @@ mod tests {
         assert!(!notable(&ev("task_complete", v1::EventLevel::Info)));
         assert!(notable(&ev("worker_crash", v1::EventLevel::Warn)));
         assert!(notable(&ev("merge_conflict", v1::EventLevel::Error)));
+        assert!(notable(&ev(
+            "merge_conflict_resolution",
+            v1::EventLevel::Warn
+        )));
         assert!(notable(&ev("level_complete", v1::EventLevel::Info)));
         assert!(
             notable(&ev("anything_new", v1::EventLevel::Warn)),

@@ -757,6 +757,9 @@ fn a_merge_conflict_becomes_a_resolution_task_that_keeps_both_lines_and_the_rush
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(st["state"], "complete", "{st}");
+    // The live view (plain lines without a terminal) said so.
+    let shown = said(&out);
+    assert!(shown.contains("; resolution task RESOLVE-L1-W"), "{shown}");
     // The resolution task is in the status like any task, and says what it resolved.
     let resolution = st["tasks"]
         .as_object()

@@ -33,14 +33,17 @@ impl Rush {
     ) {
         let id = resolution_id(level, worker);
         // The tasks whose work meets in the conflict: the conflicting worker's tasks of the
-        // level, and every task of the level that owns a conflicted file.
+        // level, and every task of the level that owns a conflicted file or changed one out of
+        // its scope.
         let involved: Vec<Task> = self
             .graph
             .tasks
             .iter()
             .filter(|t| t.level == level && self.task_status(&t.id) == Some(TaskStatus::Complete))
             .filter(|t| {
-                self.doc.tasks.get(&t.id).and_then(|x| x.worker_id) == Some(worker)
+                let state = self.doc.tasks.get(&t.id);
+                state.and_then(|x| x.worker_id) == Some(worker)
+                    || state.is_some_and(|x| x.out_of_scope.iter().any(|f| files.contains(f)))
                     || t.files
                         .create
                         .iter()
