@@ -201,6 +201,14 @@ fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Result<Dir> {
     area.write_new("HEAD", &read_or("HEAD", "ref: refs/heads/main\n"), 0o644)?;
     let spec_rel = format!("/.gsd/specs/{}/", spec.feature);
     let mut exclude = read_or("info/exclude", "");
+    // The container's git has another home: what the user ignores globally (a `.env` ignored
+    // only by `core.excludesFile`, and copied in by `worktree.copy`) is ignored here too, so
+    // that the worker's `git clean` keeps it and no commit takes it in.
+    let global = global_excludes(&spec.repo);
+    if !global.is_empty() {
+        exclude.extend_from_slice(b"\n# zerg: the user's global excludes (core.excludesFile)\n");
+        exclude.extend_from_slice(&global);
+    }
     exclude.extend_from_slice(
         format!("\n# zerg: the spec snapshot is mounted here read-only\n{spec_rel}\n").as_bytes(),
     );
@@ -236,6 +244,37 @@ fn write_private_git_dir(g: &GitLayout, spec: &WorkerSpec) -> io::Result<Dir> {
     .map_err(|e| io::Error::other(e.to_string()))?;
     area.write_new("packed-refs", format!("{refs}\n").as_bytes(), 0o644)?;
     Ok(area)
+}
+
+/// Most of the user's global excludes file copied into a worker's private git dir.
+const GLOBAL_EXCLUDES_MAX: u64 = 1 << 20;
+
+/// The content of the user's global excludes file as zergd's git finds it for `repo`
+/// (`core.excludesFile`, else `$XDG_CONFIG_HOME/git/ignore` or `~/.config/git/ignore`), or
+/// nothing; at most [`GLOBAL_EXCLUDES_MAX`] bytes.
+fn global_excludes(repo: &Path) -> Vec<u8> {
+    let configured = crate::git::git(repo, &["config", "--path", "--get", "core.excludesFile"])
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let default = || {
+        std::env::var_os("XDG_CONFIG_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .map(|d| d.join("git/ignore"))
+    };
+    let Some(path) = configured.or_else(default) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Ok(f) = fs::File::open(&path) {
+        let _ = io::Read::read_to_end(&mut io::Read::take(f, GLOBAL_EXCLUDES_MAX), &mut out);
+    }
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out
 }
 
 /// Builds the worker's home (see [`worker_home_dir`]) from scratch: `.claude/` with a copy of
@@ -329,6 +368,26 @@ mod dir_tests {
         d.make_dirs(Path::new(".gsd/specs/feat"), 0o755).unwrap();
         assert!(d.make_dirs(Path::new("../x"), 0o755).is_err());
     }
+    #[test]
+    fn the_users_global_excludes_are_read_as_git_finds_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("repo");
+        fs::create_dir_all(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        let ignore = tmp.path().join("my-ignore");
+        fs::write(&ignore, ".env\n*.local.json").unwrap();
+        git(
+            &repo,
+            &["config", "core.excludesFile", &ignore.to_string_lossy()],
+        );
+        assert_eq!(global_excludes(&repo), b".env\n*.local.json\n".to_vec());
+        fs::remove_file(&ignore).unwrap();
+        assert!(
+            global_excludes(&repo).is_empty(),
+            "a missing file is nothing"
+        );
+    }
+
     #[test]
     fn git_layout_comes_from_the_repository_not_the_worktree() {
         let dir = tempfile::tempdir().unwrap();
