@@ -969,6 +969,13 @@ pub fn said(out: &Output) -> String {
     )
 }
 
+/// Asserts that a command succeeded, showing its output if not; returns the output as text.
+#[track_caller]
+pub fn succeeded(out: &Output) -> String {
+    assert!(out.status.success(), "{}", said(out));
+    said(out)
+}
+
 /// `PATH` with `dir` first: where a test puts the stand-in programs a command should find.
 pub fn path_with(dir: &Path) -> String {
     format!(

@@ -288,15 +288,7 @@ pub fn merge_into(
     if is_ancestor(staging_wt, commit, &head) {
         return Ok(MergeOutcome::Merged(head));
     }
-    let env: Vec<(&str, &str)> = match identity {
-        Some((name, email)) => vec![
-            ("GIT_AUTHOR_NAME", name),
-            ("GIT_AUTHOR_EMAIL", email),
-            ("GIT_COMMITTER_NAME", name),
-            ("GIT_COMMITTER_EMAIL", email),
-        ],
-        None => vec![],
-    };
+    let env = identity_env(identity);
     match run(
         staging_wt,
         trusted,
@@ -322,6 +314,19 @@ pub fn merge_into(
     }
 }
 
+/// The author and committer variables for `identity` (name, email); none without one.
+fn identity_env<'a>(identity: Option<(&'a str, &'a str)>) -> Vec<(&'static str, &'a str)> {
+    match identity {
+        Some((name, email)) => vec![
+            ("GIT_AUTHOR_NAME", name),
+            ("GIT_AUTHOR_EMAIL", email),
+            ("GIT_COMMITTER_NAME", name),
+            ("GIT_COMMITTER_EMAIL", email),
+        ],
+        None => vec![],
+    }
+}
+
 /// Commits the merge of `commit` into the branch checked out in `staging_wt` as it stands,
 /// conflict markers and all (a merge commit whose parents are the branch's head and `commit`),
 /// then puts the branch back where it was. Returns the marked commit, for an agent to resolve
@@ -334,15 +339,7 @@ pub fn marked_merge(
     identity: Option<(&str, &str)>,
 ) -> Result<String, GitError> {
     let head = git(staging_wt, &["rev-parse", "HEAD"])?;
-    let env: Vec<(&str, &str)> = match identity {
-        Some((name, email)) => vec![
-            ("GIT_AUTHOR_NAME", name),
-            ("GIT_AUTHOR_EMAIL", email),
-            ("GIT_COMMITTER_NAME", name),
-            ("GIT_COMMITTER_EMAIL", email),
-        ],
-        None => vec![],
-    };
+    let env = identity_env(identity);
     // Conflicts make the merge exit non-zero: expected here.
     let _ = run(
         staging_wt,

@@ -19,12 +19,7 @@ fn monitor(repo: &TestRepo) -> String {
 }
 
 fn ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(out);
 }
 
 /// Starts a detached rush of `feature` on `workers` workers, waits until it is no longer

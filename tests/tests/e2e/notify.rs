@@ -105,12 +105,7 @@ fn read_request(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
 }
 
 fn ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(out);
 }
 
 #[test]
@@ -274,10 +269,10 @@ fn events_limits_what_is_sent_and_a_bad_webhook_is_refused_naming_the_key() {
     let out = d.ctl_in(&repo.path, &["rush", "ne", "--workers", "2"]);
     assert_eq!(out.status.code(), Some(1));
     hook.wait("rush_failed", "ne");
-    // The task's failure was saved (and would have been sent) before the rush's.
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(hook.events().len(), 1, "{:#?}", hook.events());
+    // The task's failure was saved, and would have been sent, before the rush's: by the time
+    // the rush's failure has also reached the desktop, a task_failed would have arrived too.
     zerg_proto::testkit::poll(T, || shown.exists());
+    assert_eq!(hook.events().len(), 1, "{:#?}", hook.events());
     let desktop = std::fs::read_to_string(&shown).unwrap_or_default();
     assert!(
         desktop.starts_with("--app-name=zerg|zerg: ne failed|")
