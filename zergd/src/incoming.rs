@@ -139,6 +139,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        crate::metrics::METRICS.plane_closed();
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.total = c.total.saturating_sub(1);
         if let Some(n) = c.by_peer.get_mut(&self.key) {
@@ -194,6 +195,7 @@ pub fn bounded<L: Listener>(
                 } else {
                     c.total += 1;
                     *c.by_peer.entry(key.clone()).or_default() += 1;
+                    crate::metrics::METRICS.plane_opened();
                     Some(Slot {
                         counts: counts.clone(),
                         key,

@@ -22,7 +22,9 @@ pub use zerg_git::fsat;
 pub mod git;
 pub mod incoming;
 pub use zerg_launch as launcher;
+pub mod http;
 pub mod logtail;
+pub mod metrics;
 pub mod monitor;
 pub mod notify;
 pub mod remote;
@@ -58,6 +60,8 @@ pub struct Options {
     pub state_dir: PathBuf,
     /// The worker agent binary.
     pub agent_bin: PathBuf,
+    /// The web dashboard and `/metrics` (`--http`); off when `None`.
+    pub http: Option<http::HttpOptions>,
 }
 
 /// Why the daemon could not start or stopped with an error.
@@ -88,6 +92,9 @@ pub enum DaemonError {
         /// What is wrong with it.
         why: String,
     },
+    /// The dashboard cannot start.
+    #[error(transparent)]
+    Http(#[from] http::HttpError),
     /// The supervisor actor panicked: zergd must exit non-zero so that its service manager
     /// restarts it (a restarted zergd resumes every rush from its state file).
     #[error("the supervisor panicked: {0}")]
@@ -194,6 +201,16 @@ pub async fn run(
     };
     let sup = Supervisor::new(settings, Arc::new(SystemClock));
     let services = server::Services::new(sup.handle());
+    // The dashboard is bound before zergd says it is ready: a bad address or a missing token
+    // stops zergd with a message instead of a dashboard that never answers.
+    let dashboard = match opts.http.clone() {
+        Some(h) => {
+            let d = http::Dashboard::bind(h, services.clone()).await?;
+            tracing::info!(url = %format!("http://{}/", d.local_addr()), "dashboard listening");
+            Some(tokio::spawn(d.serve()))
+        }
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Result<(), DaemonError>>();
     let sup_task = tokio::spawn(async move {
         let _ = stop_tx.send(watch_actor(sup.run()).await);
@@ -228,6 +245,9 @@ pub async fn run(
         .await;
     notify::stopping();
     sup_task.abort();
+    if let Some(d) = dashboard {
+        d.abort();
+    }
     let _ = std::fs::remove_file(&opts.socket);
     result?;
     outcome_rx.await.unwrap_or(Ok(()))

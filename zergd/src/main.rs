@@ -53,6 +53,14 @@ struct Args {
     /// Days of zergd's own log kept (one file a day).
     #[arg(long, env = "ZERG_LOG_RETAIN_DAYS", default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
     log_retain_days: u32,
+    /// Serve the web dashboard and `/metrics` on this address (off by default). An address
+    /// other than loopback needs ZERG_HTTP_TOKEN.
+    #[arg(long, env = "ZERG_HTTP", value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// The token every dashboard request must carry (`Authorization: Bearer`, or `?token=`);
+    /// at least 16 characters. Read from the environment only, so that it is not in `ps`.
+    #[arg(skip = std::env::var("ZERG_HTTP_TOKEN").ok())]
+    http_token: Option<String>,
 }
 
 /// Logs go to stderr (with colour only on a terminal, and never with `NO_COLOR`) and to
@@ -110,6 +118,10 @@ fn main() -> ExitCode {
         socket: zerg_proto::transport::resolve_socket(args.socket.as_deref()),
         state_dir: args.state_dir.unwrap_or_else(zergd::default_state_dir),
         agent_bin: args.agent_bin.unwrap_or_else(zergd::default_agent_bin),
+        http: args.http.map(|listen| zergd::http::HttpOptions {
+            listen,
+            token: args.http_token,
+        }),
     };
     let _log_guard = init_logging(&opts.state_dir, args.log_retain_days);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -30,8 +30,8 @@ impl Services {
     }
 
     /// The status of a rush, projected from the view the supervisor hands out (after the
-    /// state it shows is on disk).
-    async fn rush_status(&self, key: RushKey) -> Result<v1::RushStatus, Status> {
+    /// state it shows is on disk), without the disk usage that `Status` adds.
+    pub async fn rush_status(&self, key: RushKey) -> Result<v1::RushStatus, Status> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let query = StatusQuery::new(move |view| {
             let answer = view.map(|v| status::rush_status(v));

@@ -240,7 +240,9 @@ impl Supervisor {
             let rid = rush_id.to_string();
             tokio::task::spawn_blocking(move || {
                 let level = job.level;
+                let started = std::time::Instant::now();
                 let result = jobs::run_merge(&job, &gates, &feature);
+                crate::metrics::METRICS.merged(result.outcome(), started.elapsed());
                 // Level N+1's prompts show what level N wrote: the map moves onto the new
                 // staging head before the next level is dispatched.
                 let symbols = match (&result, &job.symbols) {

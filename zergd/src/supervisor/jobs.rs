@@ -680,6 +680,7 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             sanitize(&g.name),
             job.level
         ));
+        let started = std::time::Instant::now();
         let (ok, output) = match &job.gate_image {
             Some(image) => run_gate_in_image(
                 image,
@@ -691,6 +692,7 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             ),
             None => run_shell(&g.command, staging, g.timeout, Some(&log)),
         };
+        crate::metrics::METRICS.gate(&g.name, ok, started.elapsed());
         if !ok && g.required {
             return MergeResult::GateFailed {
                 gate: g.name.clone(),

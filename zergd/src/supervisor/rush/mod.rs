@@ -178,6 +178,19 @@ pub enum MergeResult {
     Error(String),
 }
 
+impl MergeResult {
+    /// How the merge ended, as `/metrics` counts it.
+    pub fn outcome(&self) -> crate::metrics::MergeOutcome {
+        use crate::metrics::MergeOutcome as O;
+        match self {
+            MergeResult::Merged(_) => O::Merged,
+            MergeResult::Conflict { .. } => O::Conflict,
+            MergeResult::GateFailed { .. } => O::GateFailed,
+            MergeResult::Error(_) => O::Error,
+        }
+    }
+}
+
 /// Per-task runtime data that is not persisted.
 #[derive(Debug, Clone)]
 pub struct TaskRt {

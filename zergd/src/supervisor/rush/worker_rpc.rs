@@ -717,6 +717,9 @@ impl Rush {
                     wall + self.task_backoff().jittered(1)
                 };
                 // Another worker may already have reported a later reset.
+                if self.doc.rush.rate_limited_until_ms == 0 {
+                    crate::metrics::METRICS.usage_limit_hold();
+                }
                 if unix_millis(until) > self.doc.rush.rate_limited_until_ms {
                     self.doc.rush.rate_limited_until_ms = unix_millis(until);
                     self.doc.rush.rate_limit_type = req.limit_type.clone();
