@@ -11,6 +11,8 @@
 //! `fake-claude`), taken from the cargo target directory: build them with
 //! `cargo build --workspace --bins` before running the tests (the README's test command does).
 
+pub mod browser;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;

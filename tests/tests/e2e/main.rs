@@ -7,6 +7,7 @@ mod cli;
 mod container;
 mod core;
 mod coverage;
+mod dashboard;
 mod environment;
 mod gates;
 mod gitcore;
