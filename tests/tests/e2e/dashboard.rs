@@ -131,6 +131,35 @@ print(json.dumps(out))
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Headless Chromium, or the reason the test skips (a failure under `CI=true`).
+fn browser() -> Option<Browser> {
+    match Browser::launch() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            skip(&format!(
+                "no headless Chromium (apt-get install chromium): {e}"
+            ));
+            None
+        }
+    }
+}
+
+/// Whether the Prometheus Python client's parser is there; the test skips (fails under
+/// `CI=true`) when it is not.
+fn prometheus_parser() -> bool {
+    let ok = std::process::Command::new("python3.12")
+        .env("PYENV_VERSION", "3.12.1")
+        .args(["-c", "import prometheus_client.parser"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip(
+            "no Prometheus text parser (PYENV_VERSION=3.12.1 python3.12 -m pip install prometheus-client)",
+        );
+    }
+    ok
+}
+
 fn sample(m: &std::collections::BTreeMap<String, f64>, key: &str) -> f64 {
     *m.get(key)
         .unwrap_or_else(|| panic!("no sample {key} in {:#?}", m.keys().collect::<Vec<_>>()))
@@ -152,6 +181,10 @@ fn q(s: &str) -> String {
 
 #[test]
 fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
+    let Some(mut b) = browser() else { return };
+    if !prometheus_parser() {
+        return;
+    }
     let repo = TestRepo::new();
     repo.configure(
         &Config::fake_agent()
@@ -180,7 +213,6 @@ fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
     let repo_path = st["repo"].as_str().unwrap().to_string();
 
     // The page, in a real browser.
-    let mut b = Browser::launch().expect("headless Chromium (Debian's chromium package)");
     b.goto(&format!("http://{addr}/")).unwrap();
     let drawn = b
         .wait_for(
@@ -355,6 +387,7 @@ fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
 
 #[test]
 fn the_dashboard_answers_only_its_own_page_and_a_token_guards_any_other_address() {
+    let Some(mut b) = browser() else { return };
     let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
     let addr = dashboard_addr(&d);
     // A page elsewhere whose name resolves here (DNS rebinding) gets nothing.
@@ -467,7 +500,6 @@ fn the_dashboard_answers_only_its_own_page_and_a_token_guards_any_other_address(
     let (code, _, _) = http(&addr, "GET", &format!("/api/rushes?token={token}"), &[], "");
     assert_eq!(code, 200);
     // The page tells the reader the token is needed, in a real browser.
-    let mut b = Browser::launch().expect("headless Chromium (Debian's chromium package)");
     b.goto(&format!("http://{addr}/")).unwrap();
     let banner = b
         .wait_for(
