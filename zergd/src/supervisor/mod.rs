@@ -406,6 +406,8 @@ pub struct Supervisor {
     /// The last `progress-<N>.json` written per (rush, slot), so an unchanged one is not
     /// rewritten on every heartbeat.
     last_progress: HashMap<(String, u32), serde_json::Value>,
+    /// Writes the workers' compatible files, folded per window (started with the first).
+    worker_files: Option<crate::state::WorkerFileWriter>,
     /// monitor.log and events-file writers, opened on a rush's first event.
     monitors: HashMap<String, Monitor>,
     clock: Arc<dyn Clock>,
@@ -445,6 +447,7 @@ impl Supervisor {
             planes: HashMap::new(),
             remote_plane: None,
             last_progress: HashMap::new(),
+            worker_files: None,
             monitors: HashMap::new(),
             clock,
             settings,

@@ -4,6 +4,10 @@
 use super::*;
 use zerg_git::Expect;
 
+/// How long the workers' compatible files may lag what their heartbeats said: updates within
+/// it are written once.
+const WORKER_FILES_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl Supervisor {
     pub(super) fn handle_worker(
         &mut self,
@@ -51,9 +55,11 @@ impl Supervisor {
                         self.last_progress.insert(key, progress.clone());
                         progress
                     });
-                    tokio::task::spawn_blocking(move || {
-                        crate::state::write_worker_files(&dir, w, &hb, progress.as_ref())
-                    });
+                    self.worker_files
+                        .get_or_insert_with(|| {
+                            crate::state::WorkerFileWriter::spawn(WORKER_FILES_WINDOW)
+                        })
+                        .write(dir, w, hb, progress);
                 }
                 let _ = reply.send(res);
             }
