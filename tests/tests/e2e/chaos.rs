@@ -728,6 +728,120 @@ fn kill_9_of_zergd_in_the_middle_of_a_compaction_loses_nothing() {
     eprintln!("{kills} kills, {cut} in the middle of a compaction");
 }
 
+/// The tasks whose completion zergd acknowledged, as the workers logged them
+/// (`zerg-worker-agent: task <id> committed <sha>`, printed once `Complete` returned).
+fn acknowledged(repo: &Path) -> std::collections::BTreeSet<String> {
+    let mut acked = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(repo.join(".zerg/logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("worker-") && name.ends_with(".log")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        for line in text.lines() {
+            if let Some(rest) = line.split("zerg-worker-agent: task ").nth(1)
+                && let Some((id, _)) = rest.split_once(" committed ")
+            {
+                acked.insert(id.to_string());
+            }
+        }
+    }
+    acked
+}
+
+#[test]
+fn kill_9_of_zergd_right_after_a_journal_append_loses_nothing_acknowledged() {
+    let repo = TestRepo::new();
+    repo.write_graph("zj", &graph_wide("zj", 5, 20));
+    repo.configure(&Config::fake_agent().fast_workers());
+    repo.write_script("zj", &json!({"default": [{"op": "write_owned"}]}));
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "zj", "--workers", "4", "--detach"])
+            .status
+            .success()
+    );
+    let dir = repo.path.join(".zerg/state");
+    let journal = dir.join("zj.journal");
+    // The journal is appended to once per batch of events (a group commit: one record, one
+    // fsync), and nothing of the batch is acknowledged until that fsync returns. The test
+    // kills zergd the moment an append's write lands (inotify's IN_MODIFY on the journal),
+    // which is before or during its fsync, and checks that every completion a worker was told
+    // of is in the state the restarted zergd reads back.
+    let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+    ino.add_watch(&dir, AddWatchFlags::IN_MODIFY).unwrap();
+    let appended = |ino: &Inotify| {
+        let mut seen = false;
+        while let Ok(events) = ino.read_events() {
+            seen |= events.iter().any(|e| {
+                e.name
+                    .as_ref()
+                    .is_some_and(|n| n.to_string_lossy() == "zj.journal")
+            });
+        }
+        seen
+    };
+    let (mut kills, mut checked) = (0, 0usize);
+    let started = Instant::now();
+    while kills < 6 && started.elapsed() < T {
+        let mut fds = [PollFd::new(ino.as_fd(), PollFlags::POLLIN)];
+        let ready = poll_fds(&mut fds, 250u16).unwrap_or(0) > 0;
+        if ready && appended(&ino) {
+            d.kill9();
+            kills += 1;
+            // zergd is gone: no completion can be acknowledged from here on. The workers print
+            // the line just after the answer; give them a moment to.
+            std::thread::sleep(Duration::from_millis(200));
+            let acked = acknowledged(&repo.path);
+            d.restart();
+            let st = d
+                .status(&repo.path, "zj")
+                .unwrap_or_else(|| panic!("no status after restart {kills}:\n{}", d.log()));
+            let complete: std::collections::BTreeSet<String> =
+                tasks_with(&st, "complete").into_iter().collect();
+            let lost: Vec<&String> = acked.difference(&complete).collect();
+            assert!(
+                lost.is_empty(),
+                "kill {kills}: acknowledged but not complete after the restart: {lost:?}\n{}",
+                d.log()
+            );
+            checked += acked.len();
+            // What happened while zergd restarted is past: wait for the next append.
+            appended(&ino);
+            // Let some work be acknowledged between kills.
+            std::thread::sleep(Duration::from_millis(300));
+            appended(&ino);
+        } else if !ready
+            && d.status(&repo.path, "zj")
+                .is_some_and(|s| s["state"] != "running")
+        {
+            break;
+        }
+    }
+    assert!(journal.exists() || kills > 0, "the rush never journaled");
+    assert!(kills >= 2, "only {kills} kills landed after an append");
+    assert!(checked > 0, "no acknowledged completion was checked");
+    let st = d.wait_end(&repo.path, "zj", T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
+    let mut ids: Vec<String> = (1..=5)
+        .flat_map(|l| (1..=20).map(move |i| format!("W-L{l}-{i:05}")))
+        .collect();
+    ids.sort();
+    assert_eq!(tasks_with(&st, "complete"), ids);
+    assert_eq!(
+        repo.task_ids_on("zerg/zj/staging"),
+        ids,
+        "each Task-ID exactly once on staging"
+    );
+    eprintln!(
+        "{kills} kills right after a journal append; {checked} acknowledged completions checked"
+    );
+}
+
 #[test]
 fn todays_usage_limit_forms_each_hold_the_rush_without_counting_an_attempt() {
     let repo = TestRepo::new();
