@@ -93,6 +93,9 @@ struct Ctx {
     services: Services,
     token: Option<String>,
     listen: SocketAddr,
+    /// The list entries of ended rushes, by rush id and state: an ended rush does not change
+    /// until it is retried (and so is no longer ended), and its status is read from disk.
+    ended: std::sync::Mutex<std::collections::HashMap<(String, i32), Value>>,
 }
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -114,6 +117,7 @@ impl Dashboard {
                 services,
                 token,
                 listen,
+                ended: Default::default(),
             }),
         })
     }
@@ -373,8 +377,21 @@ async fn rushes(ctx: &Ctx) -> Response<Body> {
     list.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     let mut ended_read = 0;
     let mut out = Vec::with_capacity(list.len());
+    let mut keep = std::collections::HashSet::new();
     for r in &list {
         let ended = metrics::ended(r.state);
+        let key = (r.rush_id.clone(), r.state);
+        if ended
+            && let Some(v) = ctx
+                .ended
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+        {
+            keep.insert(key);
+            out.push(v.clone());
+            continue;
+        }
         let read = !ended || ended_read < LIST_ENDED_STATUS;
         ended_read += usize::from(ended && read);
         let status = if read {
@@ -388,8 +405,21 @@ async fn rushes(ctx: &Ctx) -> Response<Body> {
         } else {
             None
         };
-        out.push(view::summary(r, status.as_ref()));
+        let v = view::summary(r, status.as_ref());
+        if ended && status.is_some() {
+            ctx.ended
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), v.clone());
+            keep.insert(key);
+        }
+        out.push(v);
     }
+    // Rushes pruned or retried since are forgotten.
+    ctx.ended
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|k, _| keep.contains(k));
     json_reply(&json!({ "rushes": out }))
 }
 

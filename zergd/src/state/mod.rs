@@ -18,8 +18,8 @@ mod doc;
 pub mod journal;
 mod store;
 
-use std::fs::{self};
 use std::collections::HashMap;
+use std::fs::{self};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -275,7 +275,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let w = WorkerFileWriter::spawn(Duration::from_millis(500));
         let d = dir.path().to_path_buf();
-        w.write(d.clone(), 1, serde_json::json!({"n": 1}), Some(serde_json::json!({"p": 1})));
+        w.write(
+            d.clone(),
+            1,
+            serde_json::json!({"n": 1}),
+            Some(serde_json::json!({"p": 1})),
+        );
         w.write(d.clone(), 1, serde_json::json!({"n": 2}), None);
         w.write(d.clone(), 2, serde_json::json!({"n": 9}), None);
         w.write(d.clone(), 1, serde_json::json!({"n": 3}), None);
