@@ -19,6 +19,7 @@ pub mod graph;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod transport;
+pub mod watch;
 
 /// Generated code for the `zerg.v1` package.
 #[expect(

@@ -633,7 +633,7 @@ mod tests {
             message: format!("{event} happened"),
             event: event.into(),
             level: level as i32,
-            status: None,
+            ..Default::default()
         };
         assert!(!notable(&ev("task_claimed", v1::EventLevel::Info)));
         assert!(!notable(&ev("task_started", v1::EventLevel::Info)));

@@ -95,9 +95,11 @@ impl Control for Services {
         &self,
         req: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let r = RushKey::try_from(req.into_inner())?;
+        let req = req.into_inner();
+        let deltas = req.deltas;
+        let r = RushKey::try_from(req)?;
         let (tx, rx) = mpsc::channel(64);
-        let sink = Box::new(status::WatchStream(tx));
+        let sink = Box::new(status::WatchStream::new(tx, deltas));
         self.handle
             .ask(|reply| Event::Control(ControlCmd::Watch(r, sink, reply)))
             .await?;

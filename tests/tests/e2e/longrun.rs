@@ -158,6 +158,7 @@ fn watch_clients_that_connect_and_drop_are_released_with_the_rush() {
                 .watch(zerg_proto::v1::WatchRequest {
                     repo: repo.path.to_string_lossy().into_owned(),
                     feature: "watched".into(),
+                    deltas: false,
                 })
                 .await
                 .unwrap()
@@ -350,4 +351,82 @@ fn prune_removes_what_ended_rushes_left_and_keeps_the_rest_with_reasons() {
     // zergd forgot them.
     let list: Value = serde_json::from_slice(&d.ctl(&["list", "--json"]).stdout).unwrap();
     assert_eq!(list, json!([]));
+}
+
+#[test]
+fn a_watch_with_deltas_sends_the_whole_status_then_only_what_changed() {
+    let d = Daemon::start();
+    let repo = TestRepo::new();
+    repo.write_graph("delta", &graph_12("delta"));
+    repo.configure(&Config::fake_agent().fast_workers());
+    repo.write_script(
+        "delta",
+        &json!({"default": [{"op": "sleep_ms", "ms": 50}, {"op": "write_owned"}]}),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = d.ctl_in(&repo.path, &["rush", "delta", "--workers", "2", "--detach"]);
+    assert!(out.status.success(), "{out:?}");
+    let (held, events, partial, sizes) = rt.block_on(async {
+        let ch = zerg_proto::transport::connect(&d.socket).await.unwrap();
+        let mut c = zerg_proto::v1::control_client::ControlClient::new(ch);
+        let mut s = c
+            .watch(zerg_proto::v1::WatchRequest {
+                repo: repo.path.to_string_lossy().into_owned(),
+                feature: "delta".into(),
+                deltas: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut held = None;
+        let (mut events, mut partial) = (0, 0);
+        let mut sizes = Vec::new();
+        while let Ok(Some(mut ev)) = s.message().await {
+            if let Some(st) = &ev.status {
+                sizes.push((ev.delta, st.tasks.len()));
+                partial += usize::from(ev.delta && st.tasks.len() < 12);
+            }
+            events += 1;
+            zerg_proto::watch::apply(&mut held, &mut ev);
+            let ended = held.as_ref().is_some_and(|h: &zerg_proto::v1::RushStatus| {
+                matches!(
+                    h.state(),
+                    zerg_proto::v1::RushState::Complete | zerg_proto::v1::RushState::Failed
+                )
+            });
+            if ended {
+                break;
+            }
+        }
+        (held, events, partial, sizes)
+    });
+    let held = held.expect("a status");
+    assert_eq!(
+        sizes.first(),
+        Some(&(false, 12)),
+        "the first status is whole: {sizes:?}"
+    );
+    assert!(
+        partial > 0,
+        "later statuses carry only what changed: {sizes:?}"
+    );
+    // What the deltas built is what Status says.
+    let st = d.wait_end(&repo.path, "delta", T);
+    assert_eq!(st["state"], "complete");
+    let mut built: Vec<(String, String)> = held
+        .tasks
+        .iter()
+        .map(|(k, t)| (k.clone(), t.status().as_str_name().to_string()))
+        .collect();
+    built.sort();
+    assert_eq!(built.len(), 12, "{events} events");
+    assert!(
+        built.iter().all(|(_, s)| s == "TASK_STATE_COMPLETE"),
+        "{built:?}"
+    );
+    assert_eq!(held.workers.len(), st["workers"].as_object().unwrap().len());
+    assert_eq!(held.levels.len(), 3);
 }

@@ -77,6 +77,7 @@ pub(crate) async fn follow(
         .watch(v1::WatchRequest {
             repo: repo.to_string(),
             feature: feature.to_string(),
+            deltas: true,
         })
         .await
         .map_err(from_status)?
@@ -100,7 +101,7 @@ pub(crate) async fn follow(
                 return Ok(code::OK);
             }
         };
-        let ev = match next {
+        let mut ev = match next {
             Ok(Some(ev)) => ev,
             Ok(None) => {
                 view.finish();
@@ -115,13 +116,16 @@ pub(crate) async fn follow(
             }
         };
         view.event(&ev);
-        let Some(st) = ev.status else { continue };
-        view.update(&st);
-        last = Some(st.clone());
+        // The first status is whole; the rest are deltas folded into it.
+        if !zerg_proto::watch::apply(&mut last, &mut ev) {
+            continue;
+        }
+        let Some(st) = &last else { continue };
+        view.update(st);
         match st.state().name().as_str() {
             "complete" | "failed" | "stopped" => {
                 view.finish();
-                print!("{}", render::summary(&st));
+                print!("{}", render::summary(st));
                 let ok = st.state() == v1::RushState::Complete;
                 return Ok(if ok || !exit_by_outcome {
                     code::OK
@@ -131,7 +135,7 @@ pub(crate) async fn follow(
             }
             "paused" if exit_by_outcome => {
                 view.finish();
-                print!("{}", render::summary(&st));
+                print!("{}", render::summary(st));
                 return Ok(code::FAILED);
             }
             _ => {}

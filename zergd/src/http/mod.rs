@@ -432,6 +432,8 @@ async fn watch(ctx: &Ctx, key: RushKey) -> Response<Body> {
         .watch(tonic::Request::new(v1::WatchRequest {
             repo: key.repo,
             feature: key.feature,
+            // Each browser gets whole statuses, built here from the deltas.
+            deltas: true,
         }))
         .await
     {
@@ -459,6 +461,8 @@ async fn forward(
     mut events: tokio_stream::wrappers::ReceiverStream<Result<v1::WatchEvent, tonic::Status>>,
     tx: mpsc::Sender<Bytes>,
 ) {
+    // The status as the deltas build it.
+    let mut held: Option<v1::RushStatus> = None;
     let level = |l: i32| match v1::EventLevel::try_from(l) {
         Ok(v1::EventLevel::Warn) => "warn",
         Ok(v1::EventLevel::Error) => "error",
@@ -487,9 +491,9 @@ async fn forward(
             }
         }
         let mut out = Vec::new();
-        let mut last = None;
+        let mut changed = false;
         for e in batch {
-            let e = match e {
+            let mut e = match e {
                 Ok(e) => e,
                 Err(s) => {
                     let _ = tx
@@ -507,12 +511,10 @@ async fn forward(
                     &json!({"event": e.event, "level": level(e.level), "message": e.message}),
                 ));
             }
-            if e.status.is_some() {
-                last = e.status;
-            }
+            changed |= zerg_proto::watch::apply(&mut held, &mut e);
         }
-        if let Some(s) = last {
-            out.extend_from_slice(&sse("status", &view::rush(&s, SystemTime::now())));
+        if changed && let Some(s) = &held {
+            out.extend_from_slice(&sse("status", &view::rush(s, SystemTime::now())));
         }
         if !out.is_empty() && tx.send(Bytes::from(out)).await.is_err() {
             return;

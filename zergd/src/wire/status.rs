@@ -228,25 +228,51 @@ pub fn watch_event(ev: Option<&MonitorEvent>, status: Option<v1::RushStatus>) ->
                 Level::Error => v1::EventLevel::Error,
             })
             .unwrap_or(v1::EventLevel::Unspecified) as i32,
+        ..Default::default()
     }
 }
 
 /// A `Watch` stream as a [`WatchSink`]: each update becomes one [`v1::WatchEvent`], projected
-/// as it is sent.
-pub struct WatchStream(pub mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>);
+/// as it is sent; a stream that asked for deltas gets only what changed after its first status
+/// ([`zerg_proto::watch::Delta`]).
+pub struct WatchStream {
+    tx: mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>,
+    delta: Option<zerg_proto::watch::Delta>,
+}
+
+impl WatchStream {
+    /// A stream over `tx`, sending deltas when `deltas`.
+    pub fn new(tx: mpsc::Sender<Result<v1::WatchEvent, tonic::Status>>, deltas: bool) -> Self {
+        WatchStream {
+            tx,
+            delta: deltas.then(zerg_proto::watch::Delta::default),
+        }
+    }
+}
 
 impl WatchSink for WatchStream {
     fn send(&mut self, line: Option<&MonitorEvent>, view: Option<&RushView<'_>>) {
-        let _ = self
-            .0
-            .try_send(Ok(watch_event(line, view.map(rush_status))));
+        let status = view.map(rush_status);
+        let ev = match (&mut self.delta, status) {
+            (Some(d), Some(s)) => d.event(s, watch_event(line, None)),
+            (_, s) => watch_event(line, s),
+        };
+        let carried = ev.status.is_some();
+        if self.tx.try_send(Ok(ev)).is_err()
+            && carried
+            && let Some(d) = &mut self.delta
+        {
+            // A client too slow to take it misses this one: the next status goes whole, so
+            // that what it holds is right again.
+            *d = zerg_proto::watch::Delta::default();
+        }
     }
 
     fn drained(&self) -> bool {
-        self.0.capacity() == self.0.max_capacity()
+        self.tx.capacity() == self.tx.max_capacity()
     }
 
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
     }
 }
