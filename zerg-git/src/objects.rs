@@ -371,6 +371,54 @@ fn write_object(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Removes the lock files a killed process left on a rush's refs: `refs/heads/zerg/<feature>/`
+/// (staging and the worker branches), `packed-refs.lock`, and the `index.lock` and `HEAD.lock`
+/// of the staging worktree's git dir (`staging_git_dir`). git and gix take such a lock for the
+/// moment of an update and remove it after; one left behind by a zergd killed in the middle of
+/// a level merge makes every later move of those refs fail ("Could not prepare reference
+/// edit"). Only locks last changed before `before` (when the restarted zergd began) are
+/// removed, so a lock a live worker takes meanwhile is left alone. Returns the paths removed.
+pub fn clear_stale_locks(
+    common_dir: &Path,
+    feature: &str,
+    staging_git_dir: Option<&Path>,
+    before: std::time::SystemTime,
+) -> Vec<PathBuf> {
+    let stale = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .filter(|m| m.file_type().is_file())
+            .and_then(|m| m.modified().ok())
+            .is_some_and(|t| t < before)
+    };
+    let mut candidates = Vec::new();
+    let mut dirs = vec![common_dir.join("refs/heads/zerg").join(feature)];
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(p),
+                Ok(t) if t.is_file() && p.extension().is_some_and(|x| x == "lock") => {
+                    candidates.push(p)
+                }
+                _ => {}
+            }
+        }
+    }
+    candidates.push(common_dir.join("packed-refs.lock"));
+    if let Some(g) = staging_git_dir {
+        candidates.push(g.join("index.lock"));
+        candidates.push(g.join("HEAD.lock"));
+    }
+    candidates
+        .into_iter()
+        .filter(|p| stale(p) && std::fs::remove_file(p).is_ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

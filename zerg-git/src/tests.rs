@@ -683,3 +683,40 @@ fn a_checkpoint_must_be_a_line_of_commits_on_the_base() {
         assert!(e.contains("0 parents"), "{e}");
     }
 }
+
+#[test]
+fn only_a_rushs_own_locks_older_than_the_restart_are_cleared() {
+    let t = tempfile::tempdir().unwrap();
+    let common = t.path().join(".git");
+    let refs = common.join("refs/heads/zerg/f");
+    let other = common.join("refs/heads/zerg/g");
+    let staging = common.join("worktrees/staging");
+    for d in [&refs, &other, &staging] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    let make = |p: &std::path::Path, old: bool| {
+        let f = std::fs::File::create(p).unwrap();
+        if old {
+            f.set_modified(long_ago).unwrap();
+        }
+    };
+    let stale = refs.join("worker-3.lock");
+    make(&stale, true);
+    let fresh = refs.join("worker-1.lock");
+    make(&fresh, false);
+    let not_ours = other.join("staging.lock");
+    make(&not_ours, true);
+    let index = staging.join("index.lock");
+    make(&index, true);
+    let a_ref = refs.join("worker-2");
+    make(&a_ref, true);
+    let before = std::time::SystemTime::now() - std::time::Duration::from_secs(30);
+    let mut removed = crate::objects::clear_stale_locks(&common, "f", Some(&staging), before);
+    removed.sort();
+    let mut want = vec![index.clone(), stale.clone()];
+    want.sort();
+    assert_eq!(removed, want);
+    assert!(fresh.exists() && not_ours.exists() && a_ref.exists());
+    assert!(!stale.exists() && !index.exists());
+}

@@ -843,6 +843,49 @@ fn kill_9_of_zergd_right_after_a_journal_append_loses_nothing_acknowledged() {
 }
 
 #[test]
+fn lock_files_a_killed_zergd_left_on_the_rushs_refs_are_cleared_on_restart() {
+    let repo = TestRepo::new();
+    repo.write_graph("lk", &graph_12("lk"));
+    repo.configure(&Config::fake_agent().fast_workers());
+    let release = repo.path.parent().unwrap().join("release-lk");
+    repo.write_script(
+        "lk",
+        &json!({"tasks": {"G-L1-001": [{"op": "wait_for_file", "path": release, "timeout_ms": 120_000}, {"op": "write_owned"}]}}),
+    );
+    let mut d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "lk", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    d.wait_for(&repo.path, "lk", T, "G-L1-001 running", |s| {
+        s["tasks"]["G-L1-001"]["status"] == "in_progress"
+    });
+    // zergd killed in the middle of a level merge leaves git's locks behind: on a worker
+    // branch the merge moves, and on the staging worktree's index.
+    d.kill9();
+    let branch_lock = repo.path.join(".git/refs/heads/zerg/lk/worker-1.lock");
+    std::fs::write(&branch_lock, "").unwrap();
+    let staging = repo.path.join(".zerg-worktrees/lk/staging");
+    let gitdir = std::fs::read_to_string(staging.join(".git")).unwrap();
+    let index_lock = staging
+        .join(gitdir.trim().trim_start_matches("gitdir:").trim())
+        .join("index.lock");
+    std::fs::write(&index_lock, "").unwrap();
+    d.restart();
+    std::fs::write(&release, "go").unwrap();
+    let st = assert_complete_exactly_once(&d, &repo, "lk");
+    assert_eq!(st["state"], "complete");
+    assert!(!branch_lock.exists() && !index_lock.exists());
+    assert!(
+        d.log()
+            .contains("removed a lock file a killed zergd left behind"),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
 fn todays_usage_limit_forms_each_hold_the_rush_without_counting_an_attempt() {
     let repo = TestRepo::new();
     repo.write_graph("forms", &graph_12("forms"));

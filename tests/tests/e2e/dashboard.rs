@@ -383,6 +383,23 @@ fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
     let list = get_json(&addr, "/api/rushes");
     assert_eq!(list["rushes"][0]["feature"], "dash");
     assert_eq!(list["rushes"][0]["state"], "stopped");
+
+    // Retry on the page resumes the stopped rush, which the page follows to its end.
+    std::fs::write(&release3, "go").unwrap();
+    b.click("#retry").unwrap();
+    b.wait_for(
+        "document.getElementById('action-result').textContent.includes('requeue')",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let st = d.wait_end(&repo.path, "dash", Duration::from_secs(90));
+    assert_eq!(st["state"], "complete", "{st}");
+    b.wait_for(
+        "window.zergDashboard.lastStatus && window.zergDashboard.lastStatus.state === 'complete' && document.querySelectorAll('#graph [data-state=\"complete\"]').length === 12",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    b.screenshot(&shots().join("complete.png")).unwrap();
 }
 
 #[test]

@@ -41,6 +41,7 @@ impl Supervisor {
                 gated.push(e.rush_id.clone());
             }
             if r.doc.rush.state.is_active() {
+                clear_stale_locks(&r, wall);
                 if let Err(err) = self.prepare_remote(r.doc.rush.mode, &r.config) {
                     tracing::error!(rush = %e.rush_id, error = %err.message(), "remote workers of this rush cannot reconnect");
                 }
@@ -140,5 +141,27 @@ async fn sweep_gates(rushes: Vec<String>) {
         tracing::warn!(
             "the Docker engine did not answer in 30 s; gate containers a previous zergd left may remain"
         );
+    }
+}
+
+/// Removes the ref and index locks a killed zergd left in a rush's repository (in the middle
+/// of a level merge, say), which would make its next merge fail: those of the rush's branches
+/// and of its staging worktree, older than this zergd.
+fn clear_stale_locks(r: &Rush, started: std::time::SystemTime) {
+    let Ok(common) = zerg_git::objects::common_dir_of(&r.paths.repo) else {
+        return;
+    };
+    // The staging worktree's own git dir, from its `.git` file (`gitdir: <path>`).
+    let staging = r.paths.staging_worktree();
+    let staging_git = std::fs::read_to_string(staging.join(".git"))
+        .ok()
+        .and_then(|t| t.strip_prefix("gitdir:").map(|p| staging.join(p.trim())));
+    for p in zerg_git::objects::clear_stale_locks(
+        &common,
+        &r.doc.feature,
+        staging_git.as_deref(),
+        started,
+    ) {
+        tracing::warn!(lock = %p.display(), rush = %r.id(), "removed a lock file a killed zergd left behind");
     }
 }
