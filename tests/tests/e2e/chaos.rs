@@ -810,10 +810,13 @@ fn kill_9_of_zergd_right_after_a_journal_append_loses_nothing_acknowledged() {
                 d.log()
             );
             checked += acked.len();
-            // What happened while zergd restarted is past: wait for the next append.
-            appended(&ino);
-            // Let some work be acknowledged between kills.
-            std::thread::sleep(Duration::from_millis(300));
+            // Some work is acknowledged between kills: the next kill waits for a task
+            // completed after this restart (or the rush's end).
+            let done = complete.len();
+            d.wait_for(&repo.path, "zj", T, "a completion after the restart", |s| {
+                tasks_with(s, "complete").len() > done || s["state"] != "running"
+            });
+            // What happened meanwhile is past: the next kill follows the next append.
             appended(&ino);
         } else if !ready
             && d.status(&repo.path, "zj")

@@ -471,14 +471,12 @@ fn the_dashboard_answers_only_its_own_page_and_a_token_guards_any_other_address(
     drop(d);
 
     // Any other address: no token, no start, and a message that says what to do.
+    let scratch = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(bin("zergd"))
         .env("ZERG_HTTP", "0.0.0.0:0")
         .env_remove("ZERG_HTTP_TOKEN")
-        .env(
-            "ZERG_SOCKET",
-            tempfile::tempdir().unwrap().keep().join("s.sock"),
-        )
-        .env("ZERG_STATE_HOME", tempfile::tempdir().unwrap().keep())
+        .env("ZERG_SOCKET", scratch.path().join("run/s.sock"))
+        .env("ZERG_STATE_HOME", scratch.path().join("state"))
         .output()
         .unwrap();
     assert!(!out.status.success());

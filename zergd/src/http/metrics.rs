@@ -12,8 +12,8 @@
 
 use std::fmt::Write as _;
 
-use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
+use zerg_proto::{WireName, v1};
 
 use crate::calls::RushKey;
 use crate::metrics::{BUCKETS, Histogram, METRICS, MergeOutcome, resident_bytes};
@@ -161,7 +161,7 @@ pub async fn render(services: &Services) -> String {
         m.gauge(
             "zerg_rushes",
             "Rushes this zergd knows of, by state.",
-            &[("state", &super::view::rush_state(state as i32))],
+            &[("state", &state.name())],
             n as f64,
         );
     }
@@ -219,7 +219,7 @@ fn rush(m: &mut Exposition, s: &v1::RushStatus) {
             "zerg_tasks",
             "gauge",
             "Tasks of a rush, by state.",
-            with("state", &super::view::task_state(state as i32)),
+            with("state", &state.name()),
             n as f64,
         );
     }
@@ -259,7 +259,7 @@ fn rush(m: &mut Exposition, s: &v1::RushStatus) {
             "zerg_workers",
             "gauge",
             "Workers of a rush, by state.",
-            with("state", &super::view::worker_state(state as i32)),
+            with("state", &state.name()),
             n as f64,
         );
     }

@@ -5,38 +5,12 @@
 //! clock shows the same ages.
 
 use serde_json::{Value, json};
-use zerg_proto::v1;
+use zerg_proto::{WireName, v1};
 
-/// An enum's protobuf name without its type prefix, lower-cased: `TASK_STATE_IN_PROGRESS` with
-/// the prefix `TASK_STATE_` is `in_progress`; the unspecified value is the empty string.
-fn short(name: &str, prefix: &str) -> String {
-    let s = name.strip_prefix(prefix).unwrap_or(name);
-    if s == "UNSPECIFIED" {
-        String::new()
-    } else {
-        s.to_ascii_lowercase()
-    }
-}
-
-/// A rush state's short name.
-pub fn rush_state(s: i32) -> String {
-    v1::RushState::try_from(s)
-        .map(|s| short(s.as_str_name(), "RUSH_STATE_"))
-        .unwrap_or_default()
-}
-
-/// A task state's short name.
-pub fn task_state(s: i32) -> String {
-    v1::TaskState::try_from(s)
-        .map(|s| short(s.as_str_name(), "TASK_STATE_"))
-        .unwrap_or_default()
-}
-
-/// A worker state's short name.
-pub fn worker_state(s: i32) -> String {
-    v1::WorkerState::try_from(s)
-        .map(|s| short(s.as_str_name(), "WORKER_STATE_"))
-        .unwrap_or_default()
+/// A wire enum's short name (`in_progress`, see [`WireName`]); empty for an unknown or
+/// unspecified value.
+pub fn name<E: TryFrom<i32> + WireName>(v: i32) -> String {
+    E::try_from(v).map(|e| e.name()).unwrap_or_default()
 }
 
 fn tokens(t: Option<&v1::Tokens>) -> Value {
@@ -68,12 +42,8 @@ pub fn levels(s: &v1::RushStatus) -> Value {
         .map(|(n, l)| {
             json!({
                 "level": n,
-                "state": v1::LevelState::try_from(l.status)
-                    .map(|s| short(s.as_str_name(), "LEVEL_STATE_"))
-                    .unwrap_or_default(),
-                "merge": v1::MergeState::try_from(l.merge_status)
-                    .map(|s| short(s.as_str_name(), "MERGE_STATE_"))
-                    .unwrap_or_default(),
+                "state": name::<v1::LevelState>(l.status),
+                "merge": name::<v1::MergeState>(l.merge_status),
                 "tasks": l.tasks,
                 "complete": l.complete,
                 "merge_commit": l.merge_commit,
@@ -94,7 +64,7 @@ pub fn rush(s: &v1::RushStatus, now: std::time::SystemTime) -> Value {
                 "id": id,
                 "title": t.title,
                 "level": t.level,
-                "state": task_state(t.status),
+                "state": name::<v1::TaskState>(t.status),
                 "worker": t.worker_id,
                 "attempts": t.attempts,
                 "crashes": t.crashes,
@@ -118,13 +88,11 @@ pub fn rush(s: &v1::RushStatus, now: std::time::SystemTime) -> Value {
         .map(|(id, w)| {
             json!({
                 "id": id,
-                "state": worker_state(w.status),
+                "state": name::<v1::WorkerState>(w.status),
                 "task": w.current_task,
                 "last_heartbeat": w.last_heartbeat,
                 "heartbeat_age_ms": age_ms(&w.last_heartbeat, now),
-                "step": v1::Step::try_from(w.step)
-                    .map(|s| short(s.as_str_name(), "STEP_"))
-                    .unwrap_or_default(),
+                "step": name::<v1::Step>(w.step),
                 "progress_pct": w.progress_pct,
                 "detail": w.detail,
                 "respawns": w.respawns,
@@ -149,12 +117,10 @@ pub fn rush(s: &v1::RushStatus, now: std::time::SystemTime) -> Value {
         "rush_id": s.rush_id,
         "repo": s.repo,
         "feature": s.feature,
-        "state": rush_state(s.state),
+        "state": name::<v1::RushState>(s.state),
         "current_level": s.current_level,
         "total_levels": s.total_levels,
-        "mode": v1::LaunchMode::try_from(s.mode)
-            .map(|m| short(m.as_str_name(), "LAUNCH_MODE_"))
-            .unwrap_or_default(),
+        "mode": name::<v1::LaunchMode>(s.mode),
         "reason": s.reason,
         "started_at": s.started_at,
         "finished_at": s.finished_at,
@@ -196,7 +162,7 @@ pub fn summary(r: &v1::RushSummary, status: Option<&v1::RushStatus>) -> Value {
         "rush_id": r.rush_id,
         "repo": r.repo,
         "feature": r.feature,
-        "state": rush_state(r.state),
+        "state": name::<v1::RushState>(r.state),
         "tasks_total": r.tasks_total,
         "tasks_complete": r.tasks_complete,
         "started_at": r.started_at,
