@@ -1,9 +1,10 @@
 //! The one place zerg does git. zergd's commit checks and ref moves, the level merges, the
-//! symbol map's reads and the worker's prepare and commit run in process on [gix] (SHA-1 and
-//! SHA-256 repositories alike), so a task costs a few object reads and writes instead of a dozen
-//! git processes. What gix cannot do safely here (unmerged index entries, submodules, split or
-//! sparse indexes, filter and merge drivers, checking out a tree into a worktree) goes to the
-//! `git` program through [`cli`], and every such fallback is counted ([`fallbacks`]). The import
+//! symbol map's reads, and the worker's move to its next base and its commit run in process on
+//! [gix] (SHA-1 and SHA-256 repositories alike), so a task costs a few object reads and writes
+//! instead of a dozen git processes. What gix cannot do safely here (unmerged index entries,
+//! submodules, split or sparse indexes, filter and merge drivers, resetting a worktree that
+//! holds changes, the first checkout of a worktree) goes to the `git` program through [`cli`],
+//! and every such fallback is counted ([`fallbacks`]). The import
 //! of what a container worker wrote into its private object dir ([`objects`]) checks every
 //! object against its name and walks the dir by descriptor ([`fsat`]), never following what the
 //! container left there.
@@ -15,6 +16,7 @@ use gix::ObjectId;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 pub use zerg_proto::contract::is_object_id;
 
+mod checkout;
 pub mod cli;
 pub mod fsat;
 mod merge;

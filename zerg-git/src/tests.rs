@@ -720,3 +720,191 @@ fn only_a_rushs_own_locks_older_than_the_restart_are_cleared() {
     assert!(fresh.exists() && not_ours.exists() && a_ref.exists());
     assert!(!stale.exists() && !index.exists());
 }
+
+/// A level merge's commit on `main`, made with git from `from`: every kind of change a
+/// checkout must apply.
+fn level_merge(r: &Path, from: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    git(r, &["checkout", "-q", "--detach", from]);
+    write(r, "src/lib.rs", "pub fn a() { merged() }\n");
+    write(r, "src/a/b/c.rs", "deep\n");
+    std::fs::remove_file(r.join("README.md")).unwrap();
+    std::fs::remove_dir_all(r.join("docs")).unwrap();
+    std::fs::remove_file(r.join("notes")).unwrap();
+    write(r, "notes/n.md", "now a dir\n");
+    std::fs::remove_dir_all(r.join("was_dir")).unwrap();
+    write(r, "was_dir", "now a file\n");
+    std::fs::set_permissions(r.join("tool.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("src/lib.rs", r.join("link")).unwrap();
+    git(r, &["add", "-A"]);
+    git(r, &["commit", "-q", "-m", "merge"]);
+    let c = git(r, &["rev-parse", "HEAD"]);
+    git(r, &["checkout", "-q", "main"]);
+    c
+}
+
+#[test]
+fn a_clean_worktree_is_moved_to_the_level_merge_like_git_reset_would() {
+    use std::os::unix::fs::PermissionsExt;
+    for format in FORMATS {
+        let (_d, r, _) = fixture(format);
+        write(&r, "docs/x.md", "x\n");
+        write(&r, "docs/sub/y.md", "y\n");
+        write(&r, "notes", "a file\n");
+        write(&r, "was_dir/inner.txt", "inner\n");
+        write(&r, "tool.sh", "#!/bin/sh\n");
+        git(&r, &["add", "-A"]);
+        git(&r, &["commit", "-q", "-m", "more"]);
+        let base = git(&r, &["rev-parse", "HEAD"]);
+        let merged = level_merge(&r, &base);
+        let wt = worktree(&r, &base);
+        // An ignored file inside a directory the merge removes stays, as with git; the task dir
+        // is left alone.
+        write(&wt, "docs/sub/build.log", "ignored\n");
+        write(&r, ".git/info/exclude", "*.log\n");
+        write(&wt, ".zerg-task/progress.json", "{}\n");
+
+        // zergd's level merge moved the worker's branch already; its files are still at base.
+        git(&r, &["update-ref", "refs/heads/worker-1", &merged]);
+        let repo = Repo::open_worktree(&wt).unwrap();
+        assert_eq!(
+            repo.checkout_clean(&base, &merged, &[".zerg-task"])
+                .unwrap(),
+            Ok(())
+        );
+        assert_eq!(git(&wt, &["rev-parse", "HEAD"]), merged);
+        assert_eq!(git(&r, &["rev-parse", "worker-1"]), merged);
+        // Git sees the worktree and index exactly at the merge: nothing staged, changed or
+        // untracked (the task dir aside), and its own refresh finds no stat to fix.
+        assert_eq!(git(&wt, &["diff", "--cached", "--name-only"]), "");
+        assert_eq!(git(&wt, &["status", "--porcelain"]), "?? .zerg-task/");
+        assert_eq!(git(&wt, &["diff-files", "--name-only"]), "");
+        assert_eq!(
+            std::fs::read_to_string(wt.join("src/a/b/c.rs")).unwrap(),
+            "deep\n"
+        );
+        assert!(!wt.join("README.md").exists());
+        assert!(!wt.join("docs/x.md").exists());
+        assert_eq!(
+            std::fs::read_to_string(wt.join("docs/sub/build.log")).unwrap(),
+            "ignored\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(wt.join("notes/n.md")).unwrap(),
+            "now a dir\n"
+        );
+        assert!(wt.join("was_dir").is_file());
+        let mode = std::fs::metadata(wt.join("tool.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_ne!(mode & 0o111, 0, "{mode:o}");
+        assert_eq!(
+            std::fs::read_link(wt.join("link")).unwrap(),
+            Path::new("src/lib.rs")
+        );
+        // Already there: nothing to do.
+        let repo = Repo::open_worktree(&wt).unwrap();
+        assert!(repo.is_clean_at(&merged, &[".zerg-task"]).unwrap());
+        assert_eq!(
+            repo.checkout_clean(&merged, &merged, &[".zerg-task"])
+                .unwrap(),
+            Ok(())
+        );
+        // The branch not moved yet (a container worker's own clone): it moves, compare-and-swap.
+        let next = commit_on(&r, "next", &merged, "src/n.rs", "n\n");
+        assert_eq!(
+            repo.checkout_clean(&merged, &next, &[".zerg-task"])
+                .unwrap(),
+            Ok(())
+        );
+        assert_eq!(git(&r, &["rev-parse", "worker-1"]), next);
+        assert_eq!(git(&wt, &["status", "--porcelain"]), "?? .zerg-task/");
+        assert_eq!(
+            git(&wt, &["reflog", "-1", "--format=%gs"]),
+            format!("reset: moving to {next}")
+        );
+        git(&r, &["fsck", "--strict", "--no-dangling"]);
+    }
+}
+
+#[test]
+fn a_dirty_worktree_or_new_attributes_go_to_gits_reset() {
+    let (_d, r, base) = fixture("sha1");
+    let next = commit_on(&r, "next", &base, "src/n.rs", "n\n");
+    let wt = worktree(&r, &base);
+    // Something the last attempt left.
+    write(&wt, "stray.txt", "x\n");
+    let repo = Repo::open_worktree(&wt).unwrap();
+    assert_eq!(
+        repo.checkout_clean(&base, &next, &[".zerg-task"]).unwrap(),
+        Err(Fallback::WorktreeReset)
+    );
+    assert_eq!(git(&wt, &["rev-parse", "HEAD"]), base, "nothing moved");
+    assert!(!wt.join("src/n.rs").exists());
+    std::fs::remove_file(wt.join("stray.txt")).unwrap();
+    // The files are not where the caller thought they were.
+    assert_eq!(
+        repo.checkout_clean(&next, &next, &[".zerg-task"]).unwrap(),
+        Err(Fallback::WorktreeReset)
+    );
+    assert!(!wt.join("src/n.rs").exists());
+
+    // Attributes that may convert content on checkout: git decides.
+    let attrs = commit_on(&r, "attrs", &base, ".gitattributes", "*.rs text eol=crlf\n");
+    assert_eq!(
+        repo.checkout_clean(&base, &attrs, &[".zerg-task"]).unwrap(),
+        Err(Fallback::WorktreeReset)
+    );
+    assert!(!wt.join(".gitattributes").exists());
+    // An ignored symlink where the merge has a directory's files: never written through;
+    // the error sends the worker to git's reset.
+    let outside = r.parent().unwrap().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let deep = commit_on(&r, "deep", &base, "escape/file.rs", "x\n");
+    std::os::unix::fs::symlink(&outside, wt.join("escape")).unwrap();
+    write(&r, ".git/info/exclude", "escape\n");
+    let repo = Repo::open_worktree(&wt).unwrap();
+    let e = repo
+        .checkout_clean(&base, &deep, &[".zerg-task"])
+        .unwrap_err();
+    assert!(e.to_string().contains("in the way"), "{e}");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}
+
+#[test]
+fn a_sparse_spec_stays_out_of_the_worktree_when_it_moves() {
+    let (_d, r, base) = fixture("sha1");
+    let next = commit_on(&r, "next", &base, "src/n.rs", "n\n");
+    let docs = commit_on(&r, "docs", &next, ".gsd/notes.md", "n\n");
+    let wt = worktree(&r, &base);
+    // A container worker's worktree: the spec's entries skip-worktree, its files absent.
+    git(
+        &wt,
+        &[
+            "update-index",
+            "--skip-worktree",
+            ".gsd/specs/f/task-graph.json",
+            ".gsd/specs/f/requirements.md",
+        ],
+    );
+    std::fs::remove_dir_all(wt.join(".gsd")).unwrap();
+    let repo = Repo::open_worktree(&wt).unwrap();
+    assert_eq!(
+        repo.checkout_clean(&base, &next, &[".zerg-task"]).unwrap(),
+        Ok(())
+    );
+    assert_eq!(std::fs::read_to_string(wt.join("src/n.rs")).unwrap(), "n\n");
+    assert!(!wt.join(".gsd").exists());
+    assert_eq!(
+        git(&wt, &["ls-files", "-t", ".gsd"]),
+        "S .gsd/specs/f/requirements.md\nS .gsd/specs/f/task-graph.json"
+    );
+    assert_eq!(git(&wt, &["status", "--porcelain"]), "");
+    // A change beside the sparse entries: git knows the patterns, so git checks it out.
+    assert_eq!(
+        repo.checkout_clean(&next, &docs, &[".zerg-task"]).unwrap(),
+        Err(Fallback::WorktreeReset)
+    );
+    assert_eq!(git(&wt, &["rev-parse", "HEAD"]), next);
+}

@@ -60,7 +60,7 @@ pub struct Committed {
 }
 
 /// A change to the worktree's tree, from the status.
-enum Edit {
+pub(crate) enum Edit {
     /// Add or replace the file at the path with what is on disk.
     FromDisk(String),
     /// Set the path to this entry (a change already in the index).
@@ -70,7 +70,7 @@ enum Edit {
 }
 
 /// Whether `path` is `prefix` or under it.
-fn under(path: &str, prefix: &str) -> bool {
+pub(crate) fn under(path: &str, prefix: &str) -> bool {
     path == prefix
         || path
             .strip_prefix(prefix)
@@ -81,6 +81,21 @@ impl Repo {
     /// The worktree's changes against `HEAD`, as edits to `HEAD`'s tree, leaving out paths
     /// under `skip`; or why git must do this.
     fn changes(&self, skip: &[&str]) -> Result<Result<Vec<Edit>, Fallback>, Error> {
+        let head_tree = self
+            .repo
+            .head_tree_id()
+            .map_err(|e| self.err("read HEAD's tree", e))?
+            .detach();
+        self.changes_from(head_tree, skip)
+    }
+
+    /// The changes of the index and the worktree against `tree`, as edits to it, leaving out
+    /// paths under `skip`; or why git must do this.
+    pub(crate) fn changes_from(
+        &self,
+        tree: gix::ObjectId,
+        skip: &[&str],
+    ) -> Result<Result<Vec<Edit>, Fallback>, Error> {
         let index = self
             .repo
             .index_or_empty()
@@ -101,11 +116,6 @@ impl Repo {
         if self.converts_content(&index) {
             return Ok(Err(fell_back(Fallback::Filters)));
         }
-        let head_tree = self
-            .repo
-            .head_tree_id()
-            .map_err(|e| self.err("read HEAD's tree", e))?
-            .detach();
         let iter = self
             .repo
             .status(gix::progress::Discard)
@@ -113,7 +123,7 @@ impl Repo {
             .untracked_files(gix::status::UntrackedFiles::Files)
             .index_worktree_rewrites(None)
             .tree_index_track_renames(gix::status::tree_index::TrackRenames::Disabled)
-            .head_tree(head_tree)
+            .head_tree(tree)
             .index(gix::worktree::IndexPersistedOrInMemory::Persisted(index))
             .into_iter(Vec::<gix::bstr::BString>::new())
             .map_err(|e| self.err("take the status", e))?;
@@ -191,7 +201,8 @@ impl Repo {
 
     /// Whether the worktree is at `base` (a commit id) with nothing changed, paths under `skip`
     /// aside: a task that starts there needs no reset.
-    pub fn is_clean_at(&self, base: &str, skip: &[&str]) -> Result<bool, Error> {
+    #[cfg(test)]
+    pub(crate) fn is_clean_at(&self, base: &str, skip: &[&str]) -> Result<bool, Error> {
         let head = self.commit_id("HEAD");
         if head.as_deref() != Some(base) {
             return Ok(false);

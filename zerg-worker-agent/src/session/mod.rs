@@ -119,6 +119,10 @@ pub struct Session {
     /// The worktree's own git directory, where stale lock files are looked for before each
     /// task (found once: it does not change while this process runs).
     git_dir: Option<PathBuf>,
+    /// The commit whose tree the worktree's index and files were left at by this process (its
+    /// last prepare or commit): a level's merge moves the worker's branch but not its files, so
+    /// the next task's files move from here. Only a hint: the move checks the files first.
+    worktree_at: Option<String>,
     /// What the agent CLI's output said of the current attempt: cost, tokens.
     attempt: Report,
     /// The agent CLI's own account of what it does (`API retry 3/10: overloaded`), sent with
@@ -208,6 +212,7 @@ impl Session {
             in_process: repo.is_some(),
             copies_fetched: false,
             git_dir,
+            worktree_at: None,
             setup_key: None,
             setup_running: None,
             attempt: Report::default(),

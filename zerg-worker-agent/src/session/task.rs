@@ -57,7 +57,7 @@ impl Session {
     /// Resets the worktree to the commit zergd gave, so every task starts from a known state.
     /// Inside a level the base is usually this worker's own last commit, with nothing changed
     /// since: then there is nothing to reset.
-    pub(super) async fn prepare_worktree(&self, task: &v1::Task) -> Result<(), String> {
+    pub(super) async fn prepare_worktree(&mut self, task: &v1::Task) -> Result<(), String> {
         let wt = &self.env.worktree;
         // An earlier process of this slot, or the agent CLI of an earlier attempt that was
         // stopped, may have been killed in the middle of a git command. The slot's worktree is
@@ -70,18 +70,34 @@ impl Session {
         } else {
             task.base_commit.as_str()
         };
-        let clean = !task.base_commit.is_empty()
-            && task.resume_from.is_empty()
-            && self
-                .in_repo({
-                    let base = task.base_commit.clone();
-                    move |r| r.is_clean_at(&base, &[TASK_DIR])
+        // Usually the worktree is clean on this worker's last commit and the base is that
+        // commit or the level merge above it: the files that differ are moved in process.
+        let moved = if task.base_commit.is_empty() || !task.resume_from.is_empty() {
+            Err(zerg_git::Fallback::WorktreeReset.name().to_string())
+        } else {
+            let base = task.base_commit.clone();
+            let from = self.worktree_at.take();
+            match self
+                .in_repo(move |r| {
+                    let from = from.or_else(|| r.commit_id("HEAD")).unwrap_or_default();
+                    r.checkout_clean(&from, &base, &[TASK_DIR])
                 })
                 .await
-                .is_some_and(|r| r.unwrap_or(false));
-        if !clean {
-            zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
-            eprintln!("zerg-worker-agent: git fallback (worktree reset) to {base}");
+            {
+                Some(Ok(Ok(()))) => Ok(()),
+                Some(Ok(Err(why))) => Err(why.name().to_string()),
+                Some(Err(e)) => {
+                    zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+                    Err(format!("the checkout in process failed: {e}"))
+                }
+                None => {
+                    zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+                    Err(zerg_git::Fallback::WorktreeReset.name().to_string())
+                }
+            }
+        };
+        if let Err(why) = moved {
+            eprintln!("zerg-worker-agent: git fallback ({why}) to {base}");
             run::git(wt, &["reset", "--hard", "-q", base]).await?;
             let rel = self.env.spec_rel();
             run::git(wt, &["clean", "-fdq", "-e", TASK_DIR, "-e", &rel]).await?;
@@ -103,6 +119,8 @@ impl Session {
                 run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
             }
         }
+        self.worktree_at = (!task.base_commit.is_empty() && task.resume_from.is_empty())
+            .then(|| task.base_commit.clone());
         Ok(())
     }
 
@@ -510,7 +528,10 @@ impl Session {
         // Commit.
         self.set_step(v1::Step::Committing, 95);
         let (commit, changed) = match self.commit(&task).await {
-            Ok(c) => c,
+            Ok(c) => {
+                self.worktree_at = Some(c.0.clone());
+                c
+            }
             Err(e) => {
                 return self
                     .fail(&task, v1::FailKind::CommitFailed, e, 0, String::new())
