@@ -10,18 +10,15 @@ impl Rush {
             return;
         }
         let level = self.doc.current_level;
-        let levels = self.graph.levels();
-        let Some(tasks) = levels.get(&level) else {
-            return;
-        };
-        if !tasks
-            .iter()
-            .all(|t| Self::is_terminal_task(self.task_status(&t.id)))
+        if self.level_tasks(level).next().is_none()
+            || !self
+                .level_tasks(level)
+                .all(|t| Self::is_terminal_task(self.task_status(&t.id)))
         {
             return;
         }
-        let any_complete = tasks
-            .iter()
+        let any_complete = self
+            .level_tasks(level)
             .any(|t| self.task_status(&t.id) == Some(TaskStatus::Complete));
         if !any_complete {
             // Nothing to merge: the level produced no commits.

@@ -61,19 +61,15 @@ impl Rush {
     /// The first level that still has work: an unfinished task, or a merge that has not
     /// completed (a level whose tasks are all done but whose merge conflicted is still open).
     pub(super) fn first_open_level(&self) -> Option<u32> {
-        self.graph
-            .levels()
-            .into_iter()
-            .find(|(l, ts)| {
-                ts.iter()
-                    .any(|t| !Self::is_terminal_task(self.task_status(&t.id)))
-                    || self
-                        .doc
-                        .levels
-                        .get(&l.to_string())
-                        .is_none_or(|ls| ls.merge_status != MergeStatus::Complete)
-            })
-            .map(|(l, _)| l)
+        self.level_numbers().find(|l| {
+            self.level_tasks(*l)
+                .any(|t| !Self::is_terminal_task(self.task_status(&t.id)))
+                || self
+                    .doc
+                    .levels
+                    .get(&l.to_string())
+                    .is_none_or(|ls| ls.merge_status != MergeStatus::Complete)
+        })
     }
 
     pub(super) fn start_level(&mut self, level: u32, wall: SystemTime) {
@@ -88,12 +84,7 @@ impl Rush {
             {
                 ls.merge_status = MergeStatus::Pending;
             }
-            let n = self
-                .graph
-                .levels()
-                .get(&level)
-                .map(|v| v.len())
-                .unwrap_or(0);
+            let n = self.level_tasks(level).count();
             self.event(
                 wall,
                 Source::Orchestrator,

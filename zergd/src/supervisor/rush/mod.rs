@@ -307,12 +307,33 @@ impl RushPaths {
 
 pub use crate::domain::{staging_branch, worker_branch};
 
+/// A graph's tasks by level (in graph order) and by id, as indexes into its `tasks`: built once
+/// and extended as tasks are added, so finding a level's tasks or a task by id never walks the
+/// whole graph.
+#[derive(Debug, Default)]
+pub struct GraphIndex {
+    by_level: BTreeMap<u32, Vec<usize>>,
+    by_id: HashMap<String, usize>,
+}
+
+impl GraphIndex {
+    /// Indexes the tasks of `graph` from the `from`-th on.
+    fn extend(&mut self, graph: &TaskGraph, from: usize) {
+        for (i, t) in graph.tasks.iter().enumerate().skip(from) {
+            self.by_level.entry(t.level).or_default().push(i);
+            self.by_id.insert(t.id.clone(), i);
+        }
+    }
+}
+
 /// One rush.
 pub struct Rush {
     /// Persisted state.
     pub doc: StateDoc,
-    /// The task graph (from the spec snapshot).
+    /// The task graph (from the spec snapshot, and the resolution tasks added since).
     pub graph: TaskGraph,
+    /// `graph`'s tasks by level and by id, kept in step with it.
+    shape: GraphIndex,
     /// The config snapshot.
     pub config: Config,
     /// File locations.
@@ -375,10 +396,19 @@ impl Rush {
 
     /// The view of the rush that `Status`, `Watch` and `List` project.
     pub fn view(&self) -> crate::calls::RushView<'_> {
-        let mut levels: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
-        for t in &self.graph.tasks {
-            levels.entry(t.level).or_default().push(t.id.as_str());
-        }
+        let levels: BTreeMap<u32, Vec<&str>> = self
+            .shape
+            .by_level
+            .iter()
+            .map(|(l, ix)| {
+                (
+                    *l,
+                    ix.iter()
+                        .map(|i| self.graph.tasks[*i].id.as_str())
+                        .collect(),
+                )
+            })
+            .collect();
         crate::calls::RushView {
             doc: &self.doc,
             levels,
@@ -406,6 +436,7 @@ impl Rush {
             journal,
             notified_state: doc.rush.state,
             doc,
+            shape: GraphIndex::default(),
             graph,
             config,
             paths,
@@ -425,9 +456,37 @@ impl Rush {
             indexing: false,
             gates_stop: tokio::sync::watch::channel(false).0,
         };
+        rush.shape.extend(&rush.graph, 0);
         // Resolution tasks are not in the spec's graph: they come back from the state.
         rush.restore_resolutions();
         rush
+    }
+
+    /// Adds tasks to the graph (resolution tasks), indexed.
+    pub(super) fn add_tasks(&mut self, tasks: impl IntoIterator<Item = Task>) {
+        let from = self.graph.tasks.len();
+        self.graph.tasks.extend(tasks);
+        self.shape.extend(&self.graph, from);
+    }
+
+    /// The task of the graph with id `id`.
+    pub fn graph_task(&self, id: &str) -> Option<&Task> {
+        self.shape.by_id.get(id).map(|i| &self.graph.tasks[*i])
+    }
+
+    /// The tasks of `level`, in graph order.
+    pub fn level_tasks(&self, level: u32) -> impl Iterator<Item = &Task> {
+        self.shape
+            .by_level
+            .get(&level)
+            .into_iter()
+            .flatten()
+            .map(|i| &self.graph.tasks[*i])
+    }
+
+    /// The graph's levels, lowest first.
+    pub fn level_numbers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.shape.by_level.keys().copied()
     }
 
     /// The container settings of the rush's workers (and of its gate containers), from its

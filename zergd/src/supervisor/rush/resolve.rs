@@ -103,7 +103,7 @@ impl Rush {
             read,
             verification: checks.join(" && "),
         };
-        self.graph.tasks.push(resolution_task(level, &res));
+        self.add_tasks([resolution_task(level, &res)]);
         self.doc.tasks.insert(
             id.clone(),
             TaskState {
@@ -150,12 +150,12 @@ impl Rush {
         let mut missing = Vec::new();
         for (level, ls) in &self.doc.levels {
             if let (Some(r), Ok(level)) = (&ls.resolution, level.parse::<u32>())
-                && self.graph.task(&r.task_id).is_none()
+                && self.graph_task(&r.task_id).is_none()
             {
                 missing.push(resolution_task(level, r));
             }
         }
-        self.graph.tasks.extend(missing);
+        self.add_tasks(missing);
     }
 
     /// Whether `task_id` is a resolution task (whose attempts `merge.resolve_attempts` bounds).

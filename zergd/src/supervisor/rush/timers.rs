@@ -380,10 +380,10 @@ impl Rush {
             }
         }
         // Level status must agree with task status.
-        let levels = self.graph.levels();
-        for (l, tasks) in &levels {
-            let all_terminal = tasks
-                .iter()
+        let levels: Vec<u32> = self.level_numbers().collect();
+        for l in levels {
+            let all_terminal = self
+                .level_tasks(l)
                 .all(|t| Self::is_terminal_task(self.task_status(&t.id)));
             let key = l.to_string();
             let st = self
@@ -393,7 +393,7 @@ impl Rush {
                 .map(|x| x.status)
                 .unwrap_or_default();
             if (st == LevelStatus::Complete || st == LevelStatus::Failed) && !all_terminal {
-                let want = if *l == self.doc.current_level {
+                let want = if l == self.doc.current_level {
                     LevelStatus::Running
                 } else {
                     LevelStatus::Pending

@@ -293,10 +293,8 @@ impl Rush {
     /// Pending tasks of the current level whose dependencies are complete, in graph order.
     pub fn ready_tasks(&self) -> Vec<String> {
         let level = self.doc.current_level;
-        self.graph
-            .tasks
-            .iter()
-            .filter(|t| t.level == level && self.task_status(&t.id) == Some(TaskStatus::Pending))
+        self.level_tasks(level)
+            .filter(|t| self.task_status(&t.id) == Some(TaskStatus::Pending))
             .filter(|t| {
                 t.dependencies
                     .iter()
@@ -360,7 +358,7 @@ impl Rush {
             format!("Worker {w} claimed task {task_id}"),
             json!({"task_id": task_id, "worker_id": w, "lease_id": lease_id, "attempt": attempt}),
         );
-        let t = self.graph.task(task_id).expect("task in graph");
+        let t = self.graph_task(task_id).expect("task in graph");
         let relevant_symbols = self.relevant_symbols(&t.files);
         Assignment {
             lease_id,
