@@ -168,7 +168,13 @@ fn main() {
         ];
         let paired = want("git");
         let got = runs_obj(&opts, keys, || {
-            let limit = paired.then(|| git_commit_limit(&opts)).transpose()?;
+            let limit = paired
+                .then(|| {
+                    settle();
+                    git_commit_limit(&opts)
+                })
+                .transpose()?;
+            settle();
             let mut m = throughput(&opts)?;
             if let Some(g) = limit {
                 let ratio = m["throughput_tasks_per_s"] / g;
@@ -356,6 +362,19 @@ fn runs_obj(
     all.into_iter()
         .map(|(k, v)| (k.to_string(), summary(&v)))
         .collect()
+}
+
+/// Waits until the files the last run deleted no longer slow the next one's file creation:
+/// ext4 skips inodes freed in the last 30 s (`dirty_expire_centisecs`, plus 5 s while their
+/// block is dirty) when it allocates one, reading inode table blocks as it goes, so a run that
+/// starts right after a deleted repository spends much of its CPU in the kernel's inode
+/// allocation, and each run of a series is slower than the last.
+fn settle() {
+    let expire_s = std::fs::read_to_string("/proc/sys/vm/dirty_expire_centisecs")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(30, |c| c / 100);
+    std::thread::sleep(Duration::from_secs(expire_s.min(60) + 5));
 }
 
 /// `git add` + `git commit` of one file in a loop, on 2 processes at once: the machine's own
