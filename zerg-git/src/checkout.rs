@@ -66,7 +66,7 @@ impl Repo {
         let new_tree = self.tree_of(base)?;
         if old_tree.id == new_tree.id {
             if head_id != base_id {
-                self.move_head(head_id, base_id, &format!("reset: moving to {base}"))?;
+                self.reset_head(head_id, base_id)?;
             }
             return Ok(Ok(()));
         }
@@ -177,9 +177,21 @@ impl Repo {
         }
         self.write_index_after_checkout(new_tree_id, &workdir, &index, &written)?;
         if head_id != base_id {
-            self.move_head(head_id, base_id, &format!("reset: moving to {base}"))?;
+            self.reset_head(head_id, base_id)?;
         }
         Ok(Ok(()))
+    }
+
+    /// Moves the branch as `git reset` would, zerg named in the reflog.
+    fn reset_head(&self, from: gix::ObjectId, to: gix::ObjectId) -> Result<(), Error> {
+        let who = crate::Identity::zerg().signature();
+        let mut time = gix::date::parse::TimeBuf::default();
+        self.move_head(
+            from,
+            to,
+            &format!("reset: moving to {to}"),
+            who.to_ref(&mut time),
+        )
     }
 
     /// Whether every directory above `rel` is a real directory (not a symlink); creates the
@@ -292,16 +304,16 @@ impl Repo {
             .map_err(|e| self.err("write the index", e))
     }
 
-    /// Moves the checked-out branch (through `HEAD`) from `from` to `to`, compare-and-swap.
-    fn move_head(
+    /// Moves the checked-out branch (through `HEAD`) from `from` to `to`, compare-and-swap, with
+    /// `message` in the reflogs by `who`.
+    pub(crate) fn move_head(
         &self,
         from: gix::ObjectId,
         to: gix::ObjectId,
         message: &str,
+        who: gix::actor::SignatureRef<'_>,
     ) -> Result<(), Error> {
         use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
-        let who = crate::Identity::zerg().signature();
-        let mut time = gix::date::parse::TimeBuf::default();
         self.repo
             .edit_references_as(
                 Some(RefEdit {
@@ -317,7 +329,7 @@ impl Repo {
                     name: "HEAD".try_into().map_err(|e| self.err("move HEAD", e))?,
                     deref: true,
                 }),
-                Some(who.to_ref(&mut time)),
+                Some(who),
             )
             .map_err(|e| self.err("move HEAD", e))?;
         Ok(())

@@ -448,12 +448,10 @@ fn a_commit_is_read_without_a_worktree() {
     }
 }
 
-#[test]
-fn skip_worktree_entries_keep_their_flag() {
-    let (_d, r, base) = fixture("sha256");
-    let wt = worktree(&r, &base);
+/// A container worker's worktree: the spec's entries skip-worktree, its files absent.
+fn sparse_spec(wt: &Path) {
     git(
-        &wt,
+        wt,
         &[
             "update-index",
             "--skip-worktree",
@@ -462,6 +460,13 @@ fn skip_worktree_entries_keep_their_flag() {
         ],
     );
     std::fs::remove_dir_all(wt.join(".gsd")).unwrap();
+}
+
+#[test]
+fn skip_worktree_entries_keep_their_flag() {
+    let (_d, r, base) = fixture("sha256");
+    let wt = worktree(&r, &base);
+    sparse_spec(&wt);
     write(&wt, "x.txt", "x\n");
     let repo = Repo::open(&wt).unwrap();
     let done = repo
@@ -878,17 +883,7 @@ fn a_sparse_spec_stays_out_of_the_worktree_when_it_moves() {
     let next = commit_on(&r, "next", &base, "src/n.rs", "n\n");
     let docs = commit_on(&r, "docs", &next, ".gsd/notes.md", "n\n");
     let wt = worktree(&r, &base);
-    // A container worker's worktree: the spec's entries skip-worktree, its files absent.
-    git(
-        &wt,
-        &[
-            "update-index",
-            "--skip-worktree",
-            ".gsd/specs/f/task-graph.json",
-            ".gsd/specs/f/requirements.md",
-        ],
-    );
-    std::fs::remove_dir_all(wt.join(".gsd")).unwrap();
+    sparse_spec(&wt);
     let repo = Repo::open_worktree(&wt).unwrap();
     assert_eq!(
         repo.checkout_clean(&base, &next, &[".zerg-task"]).unwrap(),

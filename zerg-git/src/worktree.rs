@@ -305,26 +305,7 @@ impl Repo {
             .map_err(|e| self.err("write the commit", e))?
             .id;
         let subject = message.lines().next().unwrap_or_default();
-        self.repo
-            .edit_references_as(
-                Some(gix::refs::transaction::RefEdit {
-                    change: gix::refs::transaction::Change::Update {
-                        log: gix::refs::transaction::LogChange {
-                            mode: gix::refs::transaction::RefLog::AndReference,
-                            force_create_reflog: false,
-                            message: format!("commit: {subject}").into(),
-                        },
-                        expected: gix::refs::transaction::PreviousValue::MustExistAndMatch(
-                            gix::refs::Target::Object(head_id),
-                        ),
-                        new: gix::refs::Target::Object(commit),
-                    },
-                    name: "HEAD".try_into().map_err(|e| self.err("move HEAD", e))?,
-                    deref: true,
-                }),
-                Some(who),
-            )
-            .map_err(|e| self.err("move HEAD", e))?;
+        self.move_head(head_id, commit, &format!("commit: {subject}"), who)?;
         self.write_index_of(tree, &workdir, spec, &on_disk)?;
         let changed = self.changed_paths(&base_hex, tree)?;
         Ok(Ok(Committed {

@@ -73,6 +73,7 @@ impl Session {
         // Usually the worktree is clean on this worker's last commit and the base is that
         // commit or the level merge above it: the files that differ are moved in process.
         let moved = if task.base_commit.is_empty() || !task.resume_from.is_empty() {
+            zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
             Err(zerg_git::Fallback::WorktreeReset.name().to_string())
         } else {
             let base = task.base_commit.clone();
