@@ -21,6 +21,7 @@ pub mod cli;
 pub mod fsat;
 mod merge;
 pub mod objects;
+mod pack;
 mod read;
 pub mod transfer;
 mod worktree;

@@ -14,6 +14,9 @@ pub struct LevelMerge {
     pub also_move: Vec<String>,
     /// Author and committer of the merge commits.
     pub identity: Identity,
+    /// Fold the packs written since then (the level's task commits) into the merge's pack, so
+    /// the store keeps one pack per level; `None` leaves every pack as it is.
+    pub fold_packs_since: Option<std::time::SystemTime>,
 }
 
 /// How a level merge went.
@@ -29,10 +32,41 @@ pub enum Merged {
 impl Repo {
     /// Merges `m.heads` into `m.staging` without touching any worktree: every head already
     /// contained is skipped, every other one gets a merge commit (never a fast-forward). Staging
-    /// moves only if it still points where it did when the merge began.
+    /// moves only if it still points where it did when the merge began. The merge's objects
+    /// (and the folded packs' objects) go to the store as one pack, written durably before any
+    /// ref moves and before a folded pack is removed.
     pub fn merge_level(&self, m: &LevelMerge) -> Result<Merged, Error> {
+        let mem = self.in_memory();
+        let (old, new) = match mem.merge_heads(m)? {
+            Ok(ends) => ends,
+            Err(fallback) => return Ok(Merged::NeedsGit(fallback)),
+        };
+        let mut objects = mem.take_objects();
+        let folded = match m.fold_packs_since {
+            Some(since) => mem.fold_packs(since, self.oid(&old)?, &mut objects)?,
+            None => Vec::new(),
+        };
+        self.store_objects(&objects, !folded.is_empty())?;
+        let new = new.to_string();
+        let mut moves = vec![(m.staging.as_str(), new.as_str(), Expect::Is(old))];
+        moves.extend(
+            m.also_move
+                .iter()
+                .map(|r| (r.as_str(), new.as_str(), Expect::Any)),
+        );
+        self.move_refs(&moves, "zerg: merge level")?;
+        crate::pack::remove_packs(&folded);
+        Ok(Merged::Head(new))
+    }
+
+    /// The merge commits of [`Repo::merge_level`], written to this handle (one made by
+    /// [`Repo::in_memory`]): staging's commit and the merged head, or why git must merge.
+    fn merge_heads(
+        &self,
+        m: &LevelMerge,
+    ) -> Result<Result<(String, gix::ObjectId), Fallback>, Error> {
         if self.configures_drivers() {
-            return Ok(Merged::NeedsGit(fell_back(Fallback::Merge)));
+            return Ok(Err(fell_back(Fallback::Merge)));
         }
         let old = self
             .commit_id(&m.staging)
@@ -64,7 +98,7 @@ impl Repo {
                 .tree_merge
                 .has_unresolved_conflicts(gix::merge::tree::TreatAsUnresolved::git())
             {
-                return Ok(Merged::NeedsGit(fell_back(Fallback::Merge)));
+                return Ok(Err(fell_back(Fallback::Merge)));
             }
             let tree = out
                 .tree_merge
@@ -77,15 +111,7 @@ impl Repo {
                 .map_err(|e| self.err(format!("write the merge commit of {head}"), e))?;
             cur = commit.id;
         }
-        let new = cur.to_string();
-        let mut moves = vec![(m.staging.as_str(), new.as_str(), Expect::Is(old.clone()))];
-        moves.extend(
-            m.also_move
-                .iter()
-                .map(|r| (r.as_str(), new.as_str(), Expect::Any)),
-        );
-        self.move_refs(&moves, "zerg: merge level")?;
-        Ok(Merged::Head(new))
+        Ok(Ok((old, cur)))
     }
 
     /// Whether the repository's config names a merge driver or a content filter, which a

@@ -161,6 +161,7 @@ fn a_level_merges_in_memory_and_moves_every_branch_at_once() {
             ],
             also_move: vec!["refs/heads/w1".into(), "refs/heads/w2".into()],
             identity: who(),
+            fold_packs_since: None,
         };
         let Merged::Head(head) = repo.merge_level(&m).unwrap() else {
             panic!("no merge")
@@ -187,6 +188,7 @@ fn a_level_merges_in_memory_and_moves_every_branch_at_once() {
             heads: vec![(c1, "m".into()), (c2, "m".into())],
             also_move: vec!["refs/heads/w1".into()],
             identity: who(),
+            fold_packs_since: None,
         };
         let before = fallbacks();
         assert_eq!(
@@ -211,6 +213,7 @@ fn a_configured_merge_driver_or_filter_leaves_the_merge_to_git() {
         heads: vec![(a, "m".into())],
         also_move: vec![],
         identity: who(),
+        fold_packs_since: None,
     };
     assert_eq!(
         repo.merge_level(&m).unwrap(),
@@ -902,4 +905,120 @@ fn a_sparse_spec_stays_out_of_the_worktree_when_it_moves() {
         Err(Fallback::WorktreeReset)
     );
     assert_eq!(git(&wt, &["rev-parse", "HEAD"]), next);
+}
+
+/// The loose objects and the packs (their names) in `r`'s store.
+fn store_files(r: &Path) -> (usize, Vec<String>) {
+    let objects = r.join(".git/objects");
+    let mut loose = 0;
+    for e in std::fs::read_dir(&objects).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if name.len() == 2 {
+            loose += std::fs::read_dir(e.path()).unwrap().count();
+        }
+    }
+    let mut packs: Vec<String> = std::fs::read_dir(objects.join("pack"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    packs.sort();
+    (loose, packs)
+}
+
+#[test]
+fn task_commits_write_one_pack_each_and_the_level_merge_folds_them_into_one() {
+    for format in FORMATS {
+        let (d, r, base) = fixture(format);
+        // What the repository held before the rush: packed by git, with git's companions
+        // (`.rev`), and one small pack of its own that is older than the rush.
+        git(&r, &["repack", "-q", "-a", "-d"]);
+        git(&r, &["branch", "staging", &base]);
+        let (_, before) = store_files(&r);
+        let since = std::time::SystemTime::now();
+        // Two workers, two tasks each, committed in process.
+        let mut heads = Vec::new();
+        for w in 1..=2 {
+            let wt = d.path().join(format!("wt{w}"));
+            git(
+                &r,
+                &[
+                    "worktree",
+                    "add",
+                    "-q",
+                    "-b",
+                    &format!("w{w}"),
+                    &wt.to_string_lossy(),
+                    &base,
+                ],
+            );
+            let repo = Repo::open_worktree(&wt).unwrap();
+            for t in 1..=2 {
+                write(
+                    &wt,
+                    &format!("src/w{w}/t{t}.rs"),
+                    &format!("pub fn t{t}() {{}}\n"),
+                );
+                let done = repo
+                    .commit_worktree(&base, ".gsd/specs/f", &[], &format!("task {w}.{t}"), &who())
+                    .unwrap()
+                    .unwrap();
+                heads.push((w, done.commit));
+            }
+        }
+        let (loose, packs) = store_files(&r);
+        assert_eq!(loose, 0, "{format}: a task commit wrote loose objects");
+        let new: Vec<&String> = packs.iter().filter(|p| !before.contains(p)).collect();
+        assert_eq!(
+            new.len(),
+            8,
+            "{format}: one pack and index per task: {new:?}"
+        );
+        // git reads every commit the tasks made, and each pack checks.
+        for (_, c) in &heads {
+            git(&r, &["cat-file", "-e", c]);
+        }
+        for p in new.iter().filter(|p| p.ends_with(".idx")) {
+            git(&r, &["verify-pack", &format!(".git/objects/pack/{p}")]);
+        }
+
+        let repo = Repo::open(&r).unwrap();
+        let m = LevelMerge {
+            staging: "refs/heads/staging".into(),
+            heads: [1, 2]
+                .iter()
+                .map(|w| {
+                    let last = heads.iter().rfind(|(x, _)| x == w).unwrap();
+                    (last.1.clone(), format!("ZERG: merge w{w}"))
+                })
+                .collect(),
+            also_move: vec!["refs/heads/w1".into(), "refs/heads/w2".into()],
+            identity: who(),
+            fold_packs_since: Some(since),
+        };
+        let Merged::Head(head) = repo.merge_level(&m).unwrap() else {
+            panic!("no merge")
+        };
+        let (loose, packs) = store_files(&r);
+        assert_eq!(loose, 0, "{format}: the merge wrote loose objects");
+        let new: Vec<&String> = packs.iter().filter(|p| !before.contains(p)).collect();
+        assert_eq!(
+            new.len(),
+            2,
+            "{format}: the level's one pack and index: {new:?}"
+        );
+        assert!(
+            before.iter().all(|p| packs.contains(p)),
+            "{format}: a pack from before the rush was removed"
+        );
+        assert_eq!(
+            git(&r, &["ls-tree", "-r", "--name-only", &head, "src"]),
+            "src/lib.rs\nsrc/w1/t1.rs\nsrc/w1/t2.rs\nsrc/w2/t1.rs\nsrc/w2/t2.rs"
+        );
+        assert_eq!(git(&r, &["rev-list", "--count", &head]), "7");
+        git(&r, &["fsck", "--strict", "--no-dangling"]);
+        for b in ["staging", "w1", "w2"] {
+            assert_eq!(git(&r, &["rev-parse", b]), head);
+        }
+    }
 }

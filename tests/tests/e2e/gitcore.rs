@@ -19,6 +19,17 @@ fn fallbacks(repo: &TestRepo, d: &Daemon) -> Vec<String> {
         .collect()
 }
 
+/// The packs in the repository's object store.
+fn packs(repo: &TestRepo) -> usize {
+    std::fs::read_dir(repo.path.join(".git/objects/pack"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 #[test]
 fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
     for format in ["sha1", "sha256"] {
@@ -33,6 +44,7 @@ fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
             }}),
         );
         repo.configure(&Config::fake_agent().fast_workers());
+        let packs_before = packs(&repo);
         let d = Daemon::start();
         let out = d.ctl_in(&repo.path, &["rush", "feat", "--workers", "3"]);
         assert!(
@@ -68,6 +80,13 @@ fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
             "{format}: {merges} merges"
         );
         git(&repo.path, &["fsck", "--strict", "--no-dangling"]);
+        // Each task's objects went to the store as one pack, and each level's merge folded its
+        // tasks' packs into its own: one new pack per level (three), none per task.
+        let new_packs = packs(&repo) - packs_before;
+        assert!(
+            (1..=3).contains(&new_packs),
+            "{format}: {new_packs} new packs for 12 tasks in 3 levels"
+        );
         // Nothing went to the git program, the workers' moves to each level's base included.
         assert_eq!(fallbacks(&repo, &d), Vec::<String>::new(), "{format}");
     }

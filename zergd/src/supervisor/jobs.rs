@@ -553,7 +553,9 @@ fn exclude_zerg_dirs(repo: &Path) {
 /// merged commit was checked to leave it as the base had it.
 ///
 /// The merge runs in memory ([`zerg_git::Repo::merge_level`]): staging and every worker branch
-/// move in one ref transaction, then the staging worktree is checked out once for the gates.
+/// move in one ref transaction, then the staging worktree's files move to the merged head for
+/// the gates, in process when they were clean ([`zerg_git::Repo::checkout_clean`]), else by
+/// `git reset --hard`.
 /// A conflict, or a merge driver the repository configures, sends the level to `git merge`
 /// instead, so that the conflict list is git's own.
 pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeResult {
@@ -598,10 +600,16 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             name: job.identity.name.clone(),
             email: job.identity.email.clone(),
         }),
+        fold_packs_since: job.fold_packs_since,
     };
+    // Where the staging worktree's files are: the merge moves the branch, not the files.
+    let files_at = repo.commit_id("HEAD");
     let (head, moved) = match repo.merge_level(&level) {
         Ok(zerg_git::Merged::Head(head)) => {
-            if let Err(e) = git::reset_hard(staging, &head, &trusted) {
+            let in_process = files_at
+                .as_deref()
+                .is_some_and(|from| matches!(repo.checkout_clean(from, &head, &[]), Ok(Ok(()))));
+            if !in_process && let Err(e) = git::reset_hard(staging, &head, &trusted) {
                 return MergeResult::Error(e.to_string());
             }
             (head, true)
