@@ -162,9 +162,16 @@ impl Repo {
                         break;
                     }
                 }
+                // Only an object that is what its name says is carried into the level's pack.
+                let hash = self.repo.object_hash();
                 match self.repo.find_object(e.oid) {
-                    Ok(o) => read.push((e.oid, (o.kind, o.detach().data))),
-                    Err(_) => {
+                    Ok(o)
+                        if gix::objs::compute_hash(hash, o.kind, &o.data)
+                            .is_ok_and(|id| id == e.oid) =>
+                    {
+                        read.push((e.oid, (o.kind, o.detach().data)))
+                    }
+                    _ => {
                         whole = false;
                         break;
                     }
