@@ -165,8 +165,10 @@ impl Supervisor {
             tokio::task::spawn_blocking(move || append_escalations(&dir, &list));
         }
         let import = object_import(r);
+        let git = if spawns.is_empty() { None } else { r.git() };
         for (w, generation, spec) in spawns {
             let import = import.clone();
+            let git = git.clone();
             let tx = self.tx.clone();
             let rid = rush_id.to_string();
             let launchers = self.launchers.clone();
@@ -179,7 +181,12 @@ impl Supervisor {
                     // launchers do no git.
                     let spec = tokio::task::spawn_blocking(move || {
                         let mut spec = spec;
-                        let start = crate::git::rev(&spec.repo, "HEAD").unwrap_or_default();
+                        // Where a new worktree's branch starts: read in process, as nearly
+                        // every spawn finds its worktree there already and never uses it.
+                        let start = git
+                            .and_then(|g| g.commit_id("HEAD"))
+                            .or_else(|| crate::git::rev(&spec.repo, "HEAD"))
+                            .unwrap_or_default();
                         let trusted = crate::git::Trusted::new(&spec.repo, &base);
                         crate::git::ensure_worktree(
                             &spec.repo,
