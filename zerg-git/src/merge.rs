@@ -42,11 +42,17 @@ impl Repo {
             Err(fallback) => return Ok(Merged::NeedsGit(fallback)),
         };
         let mut objects = mem.take_objects();
-        let folded = match m.fold_packs_since {
+        let merged_objects = objects.len();
+        let mut folded = match m.fold_packs_since {
             Some(since) => mem.fold_packs(since, self.oid(&old)?, &mut objects)?,
             None => Vec::new(),
         };
-        self.store_objects(&objects, !folded.is_empty())?;
+        if merged_objects == 0 && folded.len() < 2 {
+            // Nothing to gather: one pack folded alone would only be written again.
+            objects.clear();
+            folded.clear();
+        }
+        let written = self.store_objects(&objects, !folded.is_empty())?;
         let new = new.to_string();
         let mut moves = vec![(m.staging.as_str(), new.as_str(), Expect::Is(old))];
         moves.extend(
@@ -55,7 +61,7 @@ impl Repo {
                 .map(|r| (r.as_str(), new.as_str(), Expect::Any)),
         );
         self.move_refs(&moves, "zerg: merge level")?;
-        crate::pack::remove_packs(&folded);
+        crate::pack::remove_packs(&folded, written.as_deref());
         Ok(Merged::Head(new))
     }
 

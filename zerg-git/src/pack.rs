@@ -61,14 +61,15 @@ impl Repo {
     /// Writes `objects` to the store this handle writes to: one pack when that is the
     /// repository's own store; loose objects in a container worker's private object dir, which
     /// zergd imports object by object, without a git program. `durable` fsyncs the pack, its
-    /// index and the pack dir (needed before the packs it replaces are removed).
+    /// index and the pack dir (needed before the packs it replaces are removed). Returns the
+    /// pack, when it wrote one.
     pub(crate) fn store_objects(
         &self,
         objects: &Storage,
         durable: bool,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<Option<PathBuf>, crate::Error> {
         if objects.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let own = crate::objects::normalize(&self.repo.common_dir().join("objects"));
         if crate::objects::normalize(self.objects_dir()) != own {
@@ -76,7 +77,7 @@ impl Repo {
                 gix::objs::Write::write_buf(&self.repo, *kind, data)
                     .map_err(|e| self.err("write an object", e))?;
             }
-            return Ok(());
+            return Ok(None);
         }
         let entries: Vec<Entry<'_>> = objects
             .iter()
@@ -86,14 +87,14 @@ impl Repo {
                 data,
             })
             .collect();
-        write_pack(
+        let pack = write_pack(
             &own.join("pack"),
             self.repo.object_hash(),
             &entries,
             durable,
         )
         .map_err(|e| self.err("write a pack", e))?;
-        Ok(())
+        Ok(Some(pack))
     }
 
     /// Adds to `objects` every object of the small packs in the store written at or after
@@ -188,9 +189,10 @@ impl Repo {
 
 /// Removes folded packs: each index first (which makes the pack invisible to a new reader),
 /// then its pack. A reader that has the pack open keeps reading it; one that looks again finds
-/// its objects in the pack that replaced it.
-pub(crate) fn remove_packs(packs: &[PathBuf]) {
-    for pack in packs {
+/// its objects in the pack that replaced it, `written`, which is never removed: a pack is named
+/// by its content, so folding one pack alone writes the same pack again.
+pub(crate) fn remove_packs(packs: &[PathBuf], written: Option<&Path>) {
+    for pack in packs.iter().filter(|p| Some(p.as_path()) != written) {
         for ext in ["idx", "pack"] {
             let p = pack.with_extension(ext);
             if let Err(e) = fs::remove_file(&p)

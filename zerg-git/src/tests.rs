@@ -1020,5 +1020,26 @@ fn task_commits_write_one_pack_each_and_the_level_merge_folds_them_into_one() {
         for b in ["staging", "w1", "w2"] {
             assert_eq!(git(&r, &["rev-parse", b]), head);
         }
+
+        // A merge again (as after a restart) with nothing to merge and one task pack to fold:
+        // the pack would be written again under its own name; it stays, and so do its objects.
+        let wt = d.path().join("wt1");
+        git(&wt, &["checkout", "-q", "-B", "w1", &head]);
+        write(
+            &wt,
+            "src/late.rs",
+            "pub fn late() {}
+",
+        );
+        let late = Repo::open_worktree(&wt)
+            .unwrap()
+            .commit_worktree(&head, ".gsd/specs/f", &[], "late", &who())
+            .unwrap()
+            .unwrap()
+            .commit;
+        let m = LevelMerge { heads: vec![], ..m };
+        assert_eq!(repo.merge_level(&m).unwrap(), Merged::Head(head.clone()));
+        git(&r, &["cat-file", "-e", &late]);
+        git(&r, &["fsck", "--strict", "--no-dangling"]);
     }
 }
