@@ -14,9 +14,6 @@ pub struct LevelMerge {
     pub also_move: Vec<String>,
     /// Author and committer of the merge commits.
     pub identity: Identity,
-    /// Fold the packs written since then (the level's task commits) into the merge's pack, so
-    /// the store keeps one pack per level; `None` leaves every pack as it is.
-    pub fold_packs_since: Option<std::time::SystemTime>,
 }
 
 /// How a level merge went.
@@ -32,27 +29,16 @@ pub enum Merged {
 impl Repo {
     /// Merges `m.heads` into `m.staging` without touching any worktree: every head already
     /// contained is skipped, every other one gets a merge commit (never a fast-forward). Staging
-    /// moves only if it still points where it did when the merge began. The merge's objects
-    /// (and the folded packs' objects) go to the store as one pack, written durably before any
-    /// ref moves and before a folded pack is removed.
+    /// moves only if it still points where it did when the merge began. The merge's commits and
+    /// trees go to the store as one pack, written before any ref moves.
     pub fn merge_level(&self, m: &LevelMerge) -> Result<Merged, Error> {
         let mem = self.in_memory();
         let (old, new) = match mem.merge_heads(m)? {
             Ok(ends) => ends,
             Err(fallback) => return Ok(Merged::NeedsGit(fallback)),
         };
-        let mut objects = mem.take_objects();
-        let merged_objects = objects.len();
-        let mut folded = match m.fold_packs_since {
-            Some(since) => mem.fold_packs(since, self.oid(&old)?, &mut objects)?,
-            None => Vec::new(),
-        };
-        if merged_objects == 0 && folded.len() < 2 {
-            // Nothing to gather: one pack folded alone would only be written again.
-            objects.clear();
-            folded.clear();
-        }
-        let written = self.store_objects(&objects, !folded.is_empty())?;
+        // Written before any ref moves: a ref never points at an object not on disk.
+        self.store_objects(&mem.take_objects())?;
         let new = new.to_string();
         let mut moves = vec![(m.staging.as_str(), new.as_str(), Expect::Is(old))];
         moves.extend(
@@ -61,7 +47,6 @@ impl Repo {
                 .map(|r| (r.as_str(), new.as_str(), Expect::Any)),
         );
         self.move_refs(&moves, "zerg: merge level")?;
-        crate::pack::remove_packs(&folded, written.as_deref());
         Ok(Merged::Head(new))
     }
 

@@ -215,24 +215,8 @@ impl Repo {
     /// moves the checked-out branch with a compare-and-swap, and writes the index to match the
     /// commit (index entries keep their flags, skip-worktree among them). `Ok(Err(_))` means
     /// nothing was done and git must commit instead.
-    /// The blobs, trees and commit go to the store as one pack, written before the branch moves.
     pub fn commit_worktree(
         &self,
-        base: &str,
-        spec: &str,
-        skip: &[&str],
-        message: &str,
-        identity: &Identity,
-    ) -> Result<Result<Committed, Fallback>, Error> {
-        self.in_memory()
-            .commit_worktree_into(self, base, spec, skip, message, identity)
-    }
-
-    /// [`Repo::commit_worktree`] on a handle made by [`Repo::in_memory`]: the objects go to
-    /// `store`'s store just before the branch moves.
-    fn commit_worktree_into(
-        &self,
-        store: &Repo,
         base: &str,
         spec: &str,
         skip: &[&str],
@@ -320,7 +304,6 @@ impl Repo {
             .new_commit_as(who, who, message, tree, [head_id])
             .map_err(|e| self.err("write the commit", e))?
             .id;
-        store.store_objects(&self.take_objects(), false)?;
         let subject = message.lines().next().unwrap_or_default();
         self.move_head(head_id, commit, &format!("commit: {subject}"), who)?;
         self.write_index_of(tree, &workdir, spec, &on_disk)?;

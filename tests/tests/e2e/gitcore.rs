@@ -80,8 +80,8 @@ fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
             "{format}: {merges} merges"
         );
         git(&repo.path, &["fsck", "--strict", "--no-dangling"]);
-        // Each task's objects went to the store as one pack, and each level's merge folded its
-        // tasks' packs into its own: one new pack per level (three), none per task.
+        // Each level's merge wrote its commits and trees as one pack: one new pack per level
+        // (three) at most, no loose file per merge object.
         let new_packs = packs(&repo) - packs_before;
         assert!(
             (1..=3).contains(&new_packs),

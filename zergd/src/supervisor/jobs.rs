@@ -600,7 +600,6 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
             name: job.identity.name.clone(),
             email: job.identity.email.clone(),
         }),
-        fold_packs_since: job.fold_packs_since,
     };
     // Where the staging worktree's files are: the merge moves the branch, not the files.
     let files_at = repo.commit_id("HEAD");

@@ -96,7 +96,6 @@ impl Rush {
             },
             mark_conflicts: self.config.merge.resolve == crate::config::MergeResolve::Agent,
             resume_from: resolved.map(|(c, _)| c),
-            fold_packs_since: self.packs_since,
         });
     }
 
@@ -157,12 +156,7 @@ impl Rush {
             return;
         }
         match result {
-            MergeResult::Merged(head) => {
-                // File times come from a coarse clock (a tick behind at most): a task's pack
-                // written just after this must still count as the next level's.
-                self.packs_since = SystemTime::now().checked_sub(Duration::from_millis(100));
-                self.level_merged(level, Some(head), now, wall, fx)
-            }
+            MergeResult::Merged(head) => self.level_merged(level, Some(head), now, wall, fx),
             MergeResult::Conflict {
                 worker,
                 files,

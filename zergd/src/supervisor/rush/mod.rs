@@ -133,9 +133,6 @@ pub struct MergeJob {
     pub mark_conflicts: bool,
     /// After a resolution: the resolved commit staging moves to first, before `heads`.
     pub resume_from: Option<String>,
-    /// The packs written since then (the level's task commits) are folded into the merge's
-    /// pack ([`zerg_git::LevelMerge::fold_packs_since`]).
-    pub fold_packs_since: Option<SystemTime>,
 }
 
 /// A symbol map to build from a commit (the first of a rush, in a blocking job).
@@ -377,9 +374,6 @@ pub struct Rush {
     pub git: std::sync::OnceLock<zerg_git::Repo>,
     /// Set when the rush stops: a gate running in a container for it is killed and removed.
     pub gates_stop: tokio::sync::watch::Sender<bool>,
-    /// Since when the packs in the store are the current level's task commits: the end of the
-    /// last level merge, or the rush's start. Real time, as it is compared with files' times.
-    pub packs_since: Option<SystemTime>,
 }
 
 // === Construction and small helpers ===
@@ -461,9 +455,7 @@ impl Rush {
             symbols: None,
             indexing: false,
             gates_stop: tokio::sync::watch::channel(false).0,
-            packs_since: None,
         };
-        rush.packs_since = humantime::parse_rfc3339_weak(&rush.doc.started_at).ok();
         rush.shape.extend(&rush.graph, 0);
         // Resolution tasks are not in the spec's graph: they come back from the state.
         rush.restore_resolutions();
