@@ -21,7 +21,8 @@ struct Entry<'a> {
 
 impl Repo {
     /// A handle on the same repository whose object writes stay in memory until
-    /// [`Repo::store_objects`] takes them; reads see both.
+    /// [`Repo::take_objects`] hands them over for [`Repo::store_objects`]; its reads see both
+    /// what is in memory and what is on disk.
     pub(crate) fn in_memory(&self) -> Repo {
         let mut repo = self.repo.clone();
         repo.objects.enable_object_memory();
