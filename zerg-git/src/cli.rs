@@ -254,9 +254,9 @@ pub fn remove_worktree(repo: &Path, path: &Path, branch: Option<&str>) -> Result
 }
 
 /// Checks `commit` out in the worktree `dir`, as `git reset --hard` (index and files), with
-/// `trusted`'s options. Counted as a [`crate::Fallback::WorktreeReset`].
+/// `trusted`'s options. Not counted: the caller counts why it came to git (an in-process move
+/// that declined has counted already).
 pub fn reset_hard(dir: &Path, commit: &str, trusted: &Trusted) -> Result<(), GitError> {
-    crate::fell_back(crate::Fallback::WorktreeReset);
     run(dir, trusted, &[], &["reset", "--hard", "-q", commit]).map(|_| ())
 }
 

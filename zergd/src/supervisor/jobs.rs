@@ -563,10 +563,11 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
     let trusted = git::Trusted::new(staging, &job.base);
     // After a resolution task: staging moves to its commit (which holds the staging head and
     // the branch that conflicted), and the level's merge goes on from there.
-    if let Some(resolved) = &job.resume_from
-        && let Err(e) = git::reset_hard(staging, resolved, &trusted)
-    {
-        return MergeResult::Error(e.to_string());
+    if let Some(resolved) = &job.resume_from {
+        zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+        if let Err(e) = git::reset_hard(staging, resolved, &trusted) {
+            return MergeResult::Error(e.to_string());
+        }
     }
     let repo = match zerg_git::Repo::open(staging) {
         Ok(r) => r,
@@ -605,11 +606,27 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
     let files_at = repo.commit_id("HEAD");
     let (head, moved) = match repo.merge_level(&level) {
         Ok(zerg_git::Merged::Head(head)) => {
-            let in_process = files_at
-                .as_deref()
-                .is_some_and(|from| matches!(repo.checkout_clean(from, &head, &[]), Ok(Ok(()))));
-            if !in_process && let Err(e) = git::reset_hard(staging, &head, &trusted) {
-                return MergeResult::Error(e.to_string());
+            // The checkout counts the fallback when it declines; the other cases are counted here.
+            let fallback = match files_at.map(|from| repo.checkout_clean(&from, &head, &[])) {
+                Some(Ok(Ok(()))) => None,
+                Some(Ok(Err(why))) => Some(why.name().to_string()),
+                Some(Err(e)) => {
+                    zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+                    Some(format!("the checkout in process failed: {e}"))
+                }
+                None => {
+                    zerg_git::fell_back(zerg_git::Fallback::WorktreeReset);
+                    Some("the staging worktree has no HEAD".to_string())
+                }
+            };
+            if let Some(why) = fallback {
+                tracing::info!(
+                    level = job.level,
+                    "git fallback ({why}): git resets the staging worktree"
+                );
+                if let Err(e) = git::reset_hard(staging, &head, &trusted) {
+                    return MergeResult::Error(e.to_string());
+                }
             }
             (head, true)
         }
