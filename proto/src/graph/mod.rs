@@ -1,8 +1,9 @@
 //! The task-graph file format (`.gsd/specs/<feature>/task-graph.json`) and its validation.
 //!
-//! A graph is read with [`load`] (or [`parse`] for bytes already in memory). The JSON is first
-//! parsed into a [`serde_json::Value`] and then walked by hand, so that every problem in the
-//! file is collected instead of stopping at the first one. Problems that would make the graph
+//! A graph is read with [`load`] (or [`parse`] for bytes already in memory). Each task is
+//! parsed into a [`serde_json::Value`] and walked by hand as the parser reaches it (then
+//! dropped, so a large graph is never held twice), so that every problem in the file is
+//! collected instead of stopping at the first one. Problems that would make the graph
 //! unsafe or impossible to run are errors and refuse the graph ([`GraphError::Invalid`]);
 //! problems that only affect informational fields or graph hygiene are warnings, returned
 //! beside the graph in [`Validated`]. Unknown keys are ignored everywhere, so graphs written
@@ -179,14 +180,14 @@ pub fn load(path: &Path) -> Result<Validated, GraphError> {
 /// Parses and validates a task graph from `bytes`. `path` is used only in error messages.
 pub fn parse(bytes: &[u8], path: &Path) -> Result<Validated, GraphError> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| GraphError::Syntax {
+    let doc = read_document(bytes).map_err(|e| GraphError::Syntax {
         path: path.to_path_buf(),
         line: e.line(),
         column: e.column(),
         message: strip_position(&e),
     })?;
     let mut cx = Collector::default();
-    let graph = check_document(&value, &mut cx);
+    let graph = check_document(doc, &mut cx);
     match graph {
         Some(graph) if cx.errors.is_empty() => Ok(Validated {
             graph,

@@ -130,19 +130,148 @@ impl Draft {
     }
 }
 
+/// The top level of a task graph as the parser met it. `tasks` is read while the file is
+/// parsed, one task at a time, and each task's JSON is dropped once its draft is made: a graph
+/// of 10,000 tasks is never held as a JSON tree beside its drafts. The other fields are small
+/// and kept as JSON for [`check_document`].
+#[derive(Default)]
+pub(super) struct Document {
+    /// `Some(type)` when the document is not a JSON object.
+    not_an_object: Option<&'static str>,
+    feature: Option<Value>,
+    version: Option<Value>,
+    levels: Option<Value>,
+    tasks: Option<TaskList>,
+}
+
+/// The `tasks` field as read: the drafts with what reading them found, or what the field was
+/// instead of a list.
+#[derive(Default)]
+struct TaskList {
+    /// `Some(type)` when `tasks` is not a list.
+    not_a_list: Option<&'static str>,
+    /// Elements the list held.
+    len: usize,
+    drafts: Vec<Draft>,
+    /// What reading the tasks found, kept apart so that a later `tasks` key (the last one
+    /// counts, as in any JSON reader) replaces it, and so that it is reported after the
+    /// document's own fields, in the order the checks have always run.
+    cx: Collector,
+}
+
+/// What [`Walk`] fills in as it meets a JSON value.
+enum Walking<'a> {
+    /// The whole document (an object is wanted).
+    Document(&'a mut Document),
+    /// The `tasks` field (a list is wanted).
+    Tasks(&'a mut TaskList),
+}
+
+/// Reads the document, or its `tasks`, straight from the parser. A value of another JSON type
+/// than the one wanted is skipped and its type returned, for the diagnostic.
+struct Walk<'a>(Walking<'a>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Walk<'_> {
+    type Value = Option<&'static str>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Walk<'_> {
+    type Value = Option<&'static str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a task graph")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::IgnoredAny;
+        let Walking::Document(doc) = self.0 else {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return Ok(Some("an object"));
+        };
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "feature" => doc.feature = Some(map.next_value()?),
+                "version" => doc.version = Some(map.next_value()?),
+                "levels" => doc.levels = Some(map.next_value()?),
+                "tasks" => {
+                    let mut list = TaskList::default();
+                    list.not_a_list = map.next_value_seed(Walk(Walking::Tasks(&mut list)))?;
+                    doc.tasks = Some(list);
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let Walking::Tasks(list) = self.0 else {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            return Ok(Some("a list"));
+        };
+        while let Some(item) = seq.next_element::<Value>()? {
+            if let Some(draft) = read_task(list.len, &item, &mut list.cx) {
+                list.drafts.push(draft);
+            }
+            list.len += 1;
+        }
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Some("null"))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Some("a boolean"))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Some("an integer"))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Some("an integer"))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Some("a number"))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Some("a string"))
+    }
+}
+
+/// Parses a task graph's JSON into a [`Document`], reading the tasks as it goes. Fails only on
+/// a syntax error (with its position); every other problem is left to [`check_document`].
+pub(super) fn read_document(bytes: &[u8]) -> Result<Document, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut doc = Document::default();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    doc.not_an_object = Walk(Walking::Document(&mut doc)).deserialize(&mut de)?;
+    de.end()?;
+    Ok(doc)
+}
+
 /// Validates the whole document. Returns the graph when it could be assembled; the caller
 /// refuses it anyway if any error was collected.
-pub(super) fn check_document(value: &Value, cx: &mut Collector) -> Option<TaskGraph> {
-    let Some(root) = value.as_object() else {
+pub(super) fn check_document(doc: Document, cx: &mut Collector) -> Option<TaskGraph> {
+    if let Some(kind) = doc.not_an_object {
         cx.error(
             None,
             "",
-            format!("task graph must be a JSON object, not {}", json_type(value)),
+            format!("task graph must be a JSON object, not {kind}"),
         );
         return None;
-    };
+    }
 
-    let feature = match root.get("feature") {
+    let feature = match &doc.feature {
         None => {
             cx.error(None, "feature", "missing required field");
             None
@@ -164,54 +293,61 @@ pub(super) fn check_document(value: &Value, cx: &mut Collector) -> Option<TaskGr
         }
     };
 
-    let version = match root.get("version") {
+    let version = match doc.version {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(s),
         Some(other) => {
             cx.warn(
                 None,
                 "version",
-                format!("should be a string, not {}; ignored", json_type(other)),
+                format!("should be a string, not {}; ignored", json_type(&other)),
             );
             None
         }
     };
 
-    let drafts: Vec<Draft> = match root.get("tasks") {
+    let drafts: Vec<Draft> = match doc.tasks {
         None => {
             cx.error(None, "tasks", "missing required field");
             Vec::new()
         }
-        Some(Value::Array(items)) if items.is_empty() => {
-            cx.error(None, "tasks", "must be a non-empty list");
-            Vec::new()
-        }
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, item)| read_task(i, item, cx))
-            .collect(),
-        Some(other) => {
+        Some(TaskList {
+            not_a_list: Some(kind),
+            ..
+        }) => {
             cx.error(
                 None,
                 "tasks",
-                format!("must be a non-empty list, not {}", json_type(other)),
+                format!("must be a non-empty list, not {kind}"),
             );
             Vec::new()
+        }
+        Some(TaskList { len: 0, .. }) => {
+            cx.error(None, "tasks", "must be a non-empty list");
+            Vec::new()
+        }
+        Some(list) => {
+            cx.errors.extend(list.cx.errors);
+            cx.warnings.extend(list.cx.warnings);
+            list.drafts
         }
     };
 
     check_cross_task(&drafts, cx);
 
-    if let Some(levels) = root.get("levels") {
+    if let Some(levels) = &doc.levels {
         check_levels_object(levels, &drafts, cx);
     }
 
     let feature = feature?;
-    let tasks = drafts
+    let mut tasks = drafts
         .into_iter()
         .map(Draft::into_task)
         .collect::<Option<Vec<_>>>()?;
+    // The tasks are collected into the drafts' own buffer, which is larger by the drafts'
+    // extra fields (5.6 MB against 3.3 MB at 10,000 tasks) and would be held as long as the
+    // graph is.
+    tasks.shrink_to_fit();
     Some(TaskGraph {
         feature,
         version,

@@ -168,6 +168,78 @@ fn top_level_must_be_object() {
 }
 
 #[test]
+fn top_level_of_every_other_json_type_is_named() {
+    for (text, kind) in [
+        ("null", "null"),
+        ("true", "a boolean"),
+        ("-3", "an integer"),
+        ("18446744073709551615", "an integer"),
+        ("1.5", "a number"),
+        ("\"x\"", "a string"),
+        ("[{\"a\": [1]}, 2]", "a list"),
+    ] {
+        match parse(text.as_bytes(), Path::new("g.json")) {
+            Err(GraphError::Invalid { errors, .. }) => assert_has(
+                &errors,
+                None,
+                "",
+                &format!("must be a JSON object, not {kind}"),
+            ),
+            other => panic!("{text}: expected the type refused, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn tasks_of_every_other_json_type_are_named() {
+    for (tasks, kind) in [
+        (json!(null), "null"),
+        (json!(false), "a boolean"),
+        (json!(7), "an integer"),
+        (json!("T1"), "a string"),
+        (json!({"T1": {"id": "T1"}}), "an object"),
+    ] {
+        let (e, _) = errors(&json!({"feature": "f", "tasks": tasks}));
+        assert_has(&e, None, "tasks", &format!("non-empty list, not {kind}"));
+    }
+}
+
+#[test]
+fn a_repeated_tasks_key_counts_once_and_the_last_one_wins() {
+    // Any JSON reader keeps the last of two equal keys: so does the graph's, and what the first
+    // list held (here an invalid task) is neither run nor reported.
+    let last = graph(small()).to_string();
+    let text = format!(
+        "{{\"tasks\": [{{\"id\": 5}}], {}",
+        last.strip_prefix('{').unwrap()
+    );
+    let v = parse(text.as_bytes(), Path::new("g.json")).expect("the last tasks key is valid");
+    assert_eq!(v.graph.tasks.len(), 3);
+    let text = format!(
+        "{}, \"tasks\": [{{\"id\": 5}}]}}",
+        last.strip_suffix('}').unwrap()
+    );
+    match parse(text.as_bytes(), Path::new("g.json")) {
+        Err(GraphError::Invalid { errors, .. }) => {
+            assert_has(&errors, Some("tasks[0]"), "id", "must be a string")
+        }
+        other => panic!("expected the last tasks key refused, got {other:?}"),
+    }
+}
+
+#[test]
+fn text_after_the_document_is_a_syntax_error() {
+    let text = format!("{} x", graph(small()));
+    match parse(text.as_bytes(), Path::new("g.json")) {
+        Err(GraphError::Syntax { line, message, .. }) => {
+            assert_eq!(line, 1);
+            assert!(message.contains("trailing"), "{message}");
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+}
+
+#[test]
 fn feature_and_tasks_required() {
     let (e, _) = errors(&json!({}));
     assert_has(&e, None, "feature", "missing required field");
