@@ -576,6 +576,19 @@ mod tests {
     }
 
     #[test]
+    fn a_map_of_the_document_keeps_the_last_of_two_equal_keys_as_inserting_does() {
+        use super::super::doc::Tracked;
+        let t: Tracked<u32> = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3, "c": 4}"#).unwrap();
+        let read: Vec<(&str, u32)> = t.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(read, [("a", 2), ("b", 3), ("c", 4)]);
+        let err = serde_json::from_str::<Tracked<u32>>("[1]").unwrap_err();
+        assert!(err.to_string().contains("a map"), "{err}");
+        // A bad value is refused with its place in the file.
+        let err = serde_json::from_str::<Tracked<u32>>("{\n\"a\": \"x\"}").unwrap_err();
+        assert_eq!(err.line(), 2, "{err}");
+    }
+
+    #[test]
     fn a_record_holds_only_what_changed_and_replays_to_the_same_document() {
         let dir = tempfile::tempdir().unwrap();
         let mut j = Journal::new(store(dir.path()), 0);
