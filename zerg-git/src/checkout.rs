@@ -43,20 +43,40 @@ impl Repo {
     /// caller last left the files: a level's merge moves the worker's branch to `base` but not
     /// its files. `Ok(Err(_))` means nothing was done (the fallback is counted) and git must
     /// reset; an error may leave the worktree half moved, which git's reset then repairs.
+    ///
+    /// A status checks the files first, unless `known_clean`: the caller left them at `from`
+    /// with [`Repo::commit_worktree`], which said they were then [`crate::Committed::clean`],
+    /// and nothing has run in the worktree since, so the status would find what the commit's
+    /// found moments before. The index is checked either way, and everything the move itself
+    /// finds unusual still goes to git.
     pub fn checkout_clean(
         &self,
         from: &str,
         base: &str,
         skip: &[&str],
+        known_clean: bool,
     ) -> Result<Result<(), Fallback>, Error> {
         let old_tree = self.tree_of(from)?;
-        let changes = match self.changes_from(old_tree.id, skip)? {
-            Ok(c) => c,
-            Err(f) => return Ok(Err(f)),
+        let unchanged = if known_clean {
+            self.plain_index()?.map(|_| true)
+        } else {
+            self.changes_from(old_tree.id, skip)?
+                .map(|(changes, _)| changes.is_empty())
         };
-        if !changes.is_empty() {
-            return Ok(Err(fell_back(Fallback::WorktreeReset)));
+        match unchanged {
+            Ok(true) => self.move_files(old_tree, base, skip),
+            Ok(false) => Ok(Err(fell_back(Fallback::WorktreeReset))),
+            Err(f) => Ok(Err(f)),
         }
+    }
+
+    /// Moves a worktree known to hold exactly `old_tree` (paths under `skip` aside) to `base`.
+    fn move_files(
+        &self,
+        old_tree: gix::Tree<'_>,
+        base: &str,
+        skip: &[&str],
+    ) -> Result<Result<(), Fallback>, Error> {
         let head_id = self
             .repo
             .head_id()
@@ -304,8 +324,11 @@ impl Repo {
             .map_err(|e| self.err("write the index", e))
     }
 
-    /// Moves the checked-out branch (through `HEAD`) from `from` to `to`, compare-and-swap, with
-    /// `message` in the reflogs by `who`.
+    /// Moves the checked-out branch from `from` to `to`, compare-and-swap, with `message` in
+    /// its reflog by `who`. The branch is named, not reached through `HEAD`, so only its own
+    /// lock file is made: through `HEAD`, `HEAD.lock` is made and removed as well, for `HEAD`'s
+    /// reflog, once per task (this worktree is the worker's own; its branch's reflog has every
+    /// move). A detached `HEAD` is moved itself.
     pub(crate) fn move_head(
         &self,
         from: gix::ObjectId,
@@ -314,6 +337,14 @@ impl Repo {
         who: gix::actor::SignatureRef<'_>,
     ) -> Result<(), Error> {
         use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
+        let name = match self
+            .repo
+            .head_name()
+            .map_err(|e| self.err("read HEAD", e))?
+        {
+            Some(branch) => branch,
+            None => "HEAD".try_into().map_err(|e| self.err("move HEAD", e))?,
+        };
         self.repo
             .edit_references_as(
                 Some(RefEdit {
@@ -326,8 +357,8 @@ impl Repo {
                         expected: PreviousValue::MustExistAndMatch(gix::refs::Target::Object(from)),
                         new: gix::refs::Target::Object(to),
                     },
-                    name: "HEAD".try_into().map_err(|e| self.err("move HEAD", e))?,
-                    deref: true,
+                    name,
+                    deref: false,
                 }),
                 Some(who),
             )

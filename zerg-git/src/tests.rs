@@ -773,7 +773,7 @@ fn a_clean_worktree_is_moved_to_the_level_merge_like_git_reset_would() {
         git(&r, &["update-ref", "refs/heads/worker-1", &merged]);
         let repo = Repo::open_worktree(&wt).unwrap();
         assert_eq!(
-            repo.checkout_clean(&base, &merged, &[".zerg-task"])
+            repo.checkout_clean(&base, &merged, &[".zerg-task"], false)
                 .unwrap(),
             Ok(())
         );
@@ -812,21 +812,21 @@ fn a_clean_worktree_is_moved_to_the_level_merge_like_git_reset_would() {
         let repo = Repo::open_worktree(&wt).unwrap();
         assert!(repo.is_clean_at(&merged, &[".zerg-task"]).unwrap());
         assert_eq!(
-            repo.checkout_clean(&merged, &merged, &[".zerg-task"])
+            repo.checkout_clean(&merged, &merged, &[".zerg-task"], false)
                 .unwrap(),
             Ok(())
         );
         // The branch not moved yet (a container worker's own clone): it moves, compare-and-swap.
         let next = commit_on(&r, "next", &merged, "src/n.rs", "n\n");
         assert_eq!(
-            repo.checkout_clean(&merged, &next, &[".zerg-task"])
+            repo.checkout_clean(&merged, &next, &[".zerg-task"], false)
                 .unwrap(),
             Ok(())
         );
         assert_eq!(git(&r, &["rev-parse", "worker-1"]), next);
         assert_eq!(git(&wt, &["status", "--porcelain"]), "?? .zerg-task/");
         assert_eq!(
-            git(&wt, &["reflog", "-1", "--format=%gs"]),
+            git(&wt, &["reflog", "-1", "--format=%gs", "worker-1"]),
             format!("reset: moving to {next}")
         );
         git(&r, &["fsck", "--strict", "--no-dangling"]);
@@ -842,7 +842,8 @@ fn a_dirty_worktree_or_new_attributes_go_to_gits_reset() {
     write(&wt, "stray.txt", "x\n");
     let repo = Repo::open_worktree(&wt).unwrap();
     assert_eq!(
-        repo.checkout_clean(&base, &next, &[".zerg-task"]).unwrap(),
+        repo.checkout_clean(&base, &next, &[".zerg-task"], false)
+            .unwrap(),
         Err(Fallback::WorktreeReset)
     );
     assert_eq!(git(&wt, &["rev-parse", "HEAD"]), base, "nothing moved");
@@ -850,7 +851,8 @@ fn a_dirty_worktree_or_new_attributes_go_to_gits_reset() {
     std::fs::remove_file(wt.join("stray.txt")).unwrap();
     // The files are not where the caller thought they were.
     assert_eq!(
-        repo.checkout_clean(&next, &next, &[".zerg-task"]).unwrap(),
+        repo.checkout_clean(&next, &next, &[".zerg-task"], false)
+            .unwrap(),
         Err(Fallback::WorktreeReset)
     );
     assert!(!wt.join("src/n.rs").exists());
@@ -858,7 +860,8 @@ fn a_dirty_worktree_or_new_attributes_go_to_gits_reset() {
     // Attributes that may convert content on checkout: git decides.
     let attrs = commit_on(&r, "attrs", &base, ".gitattributes", "*.rs text eol=crlf\n");
     assert_eq!(
-        repo.checkout_clean(&base, &attrs, &[".zerg-task"]).unwrap(),
+        repo.checkout_clean(&base, &attrs, &[".zerg-task"], false)
+            .unwrap(),
         Err(Fallback::WorktreeReset)
     );
     assert!(!wt.join(".gitattributes").exists());
@@ -871,7 +874,7 @@ fn a_dirty_worktree_or_new_attributes_go_to_gits_reset() {
     write(&r, ".git/info/exclude", "escape\n");
     let repo = Repo::open_worktree(&wt).unwrap();
     let e = repo
-        .checkout_clean(&base, &deep, &[".zerg-task"])
+        .checkout_clean(&base, &deep, &[".zerg-task"], false)
         .unwrap_err();
     assert!(e.to_string().contains("in the way"), "{e}");
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
@@ -886,7 +889,8 @@ fn a_sparse_spec_stays_out_of_the_worktree_when_it_moves() {
     sparse_spec(&wt);
     let repo = Repo::open_worktree(&wt).unwrap();
     assert_eq!(
-        repo.checkout_clean(&base, &next, &[".zerg-task"]).unwrap(),
+        repo.checkout_clean(&base, &next, &[".zerg-task"], false)
+            .unwrap(),
         Ok(())
     );
     assert_eq!(std::fs::read_to_string(wt.join("src/n.rs")).unwrap(), "n\n");
@@ -898,7 +902,8 @@ fn a_sparse_spec_stays_out_of_the_worktree_when_it_moves() {
     assert_eq!(git(&wt, &["status", "--porcelain"]), "");
     // A change beside the sparse entries: git knows the patterns, so git checks it out.
     assert_eq!(
-        repo.checkout_clean(&next, &docs, &[".zerg-task"]).unwrap(),
+        repo.checkout_clean(&next, &docs, &[".zerg-task"], false)
+            .unwrap(),
         Err(Fallback::WorktreeReset)
     );
     assert_eq!(git(&wt, &["rev-parse", "HEAD"]), next);
@@ -975,5 +980,59 @@ fn a_level_merge_writes_its_commits_and_trees_as_one_pack() {
         };
         assert_eq!(repo.merge_level(&m).unwrap(), Merged::Head(head));
         assert_eq!(store_files(&r).1, packs, "{format}");
+    }
+}
+
+#[test]
+fn a_clean_commit_lets_the_next_move_skip_its_status_and_anything_left_out_does_not() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let wt = worktree(&r, &base);
+        let repo = Repo::open_worktree(&wt).unwrap();
+        write(&wt, "src/task.rs", "done\n");
+        let done = repo
+            .commit_worktree(&base, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        assert!(done.clean, "{format}: nothing was left out");
+        // zergd's level merge: this commit and another worker's file, the branch moved.
+        git(&r, &["checkout", "-q", "--detach", &done.commit]);
+        write(&r, "src/other.rs", "other worker\n");
+        git(&r, &["add", "-A"]);
+        git(&r, &["commit", "-q", "-m", "merge"]);
+        let merged = git(&r, &["rev-parse", "HEAD"]);
+        git(&r, &["checkout", "-q", "main"]);
+        git(&r, &["update-ref", "refs/heads/worker-1", &merged]);
+        assert_eq!(
+            repo.checkout_clean(&done.commit, &merged, &[".zerg-task"], true)
+                .unwrap(),
+            Ok(())
+        );
+        assert_eq!(git(&wt, &["rev-parse", "HEAD"]), merged);
+        assert_eq!(git(&wt, &["status", "--porcelain"]), "", "{format}");
+        assert_eq!(git(&wt, &["diff-files", "--name-only"]), "");
+        assert_eq!(
+            std::fs::read_to_string(wt.join("src/other.rs")).unwrap(),
+            "other worker\n"
+        );
+
+        // A spec edited on disk stays on disk (the commit keeps the base's): not clean.
+        write(&wt, ".gsd/specs/f/task-graph.json", "edited\n");
+        write(&wt, "src/t2.rs", "2\n");
+        let done = repo
+            .commit_worktree(&merged, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        assert!(!done.clean, "{format}: the spec differs on disk");
+        git(&wt, &["checkout", "--", ".gsd/specs/f"]);
+        // A file in the task dir is left out of the commit: not clean either.
+        write(&wt, ".zerg-task/checkpoint.json", "{}\n");
+        write(&wt, "src/t3.rs", "3\n");
+        let head = git(&wt, &["rev-parse", "HEAD"]);
+        let done = repo
+            .commit_worktree(&head, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        assert!(!done.clean, "{format}: the task dir held a file");
     }
 }

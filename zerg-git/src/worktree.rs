@@ -57,6 +57,11 @@ pub struct Committed {
     pub commit: String,
     /// Paths whose content differs from the base commit's.
     pub changed: Vec<String>,
+    /// Whether the index and the files are now exactly the commit's tree: the status found
+    /// nothing under the skipped paths or the spec, which the commit leaves as they are on disk.
+    /// A move of this worktree that starts right after can then do without a status
+    /// ([`Repo::checkout_clean`], `known_clean`).
+    pub clean: bool,
 }
 
 /// A change to the worktree's tree, from the status.
@@ -79,8 +84,8 @@ pub(crate) fn under(path: &str, prefix: &str) -> bool {
 
 impl Repo {
     /// The worktree's changes against `HEAD`, as edits to `HEAD`'s tree, leaving out paths
-    /// under `skip`; or why git must do this.
-    fn changes(&self, skip: &[&str]) -> Result<Result<Vec<Edit>, Fallback>, Error> {
+    /// under `skip` (whether there were any: the flag); or why git must do this.
+    fn changes(&self, skip: &[&str]) -> Result<Result<(Vec<Edit>, bool), Fallback>, Error> {
         let head_tree = self
             .repo
             .head_tree_id()
@@ -90,32 +95,16 @@ impl Repo {
     }
 
     /// The changes of the index and the worktree against `tree`, as edits to it, leaving out
-    /// paths under `skip`; or why git must do this.
+    /// paths under `skip`, and whether any were left out; or why git must do this.
     pub(crate) fn changes_from(
         &self,
         tree: gix::ObjectId,
         skip: &[&str],
-    ) -> Result<Result<Vec<Edit>, Fallback>, Error> {
-        let index = self
-            .repo
-            .index_or_empty()
-            .map_err(|e| self.err("read the index", e))?;
-        if index.is_sparse() || index.link().is_some() {
-            return Ok(Err(fell_back(Fallback::SplitOrSparseIndex)));
-        }
-        if index.entries().iter().any(|e| e.stage_raw() != 0) {
-            return Ok(Err(fell_back(Fallback::Unmerged)));
-        }
-        if index
-            .entries()
-            .iter()
-            .any(|e| e.mode == gix::index::entry::Mode::COMMIT)
-        {
-            return Ok(Err(fell_back(Fallback::Submodule)));
-        }
-        if self.converts_content(&index) {
-            return Ok(Err(fell_back(Fallback::Filters)));
-        }
+    ) -> Result<Result<(Vec<Edit>, bool), Fallback>, Error> {
+        let index = match self.plain_index()? {
+            Ok(index) => index,
+            Err(f) => return Ok(Err(f)),
+        };
         let iter = self
             .repo
             .status(gix::progress::Discard)
@@ -129,9 +118,14 @@ impl Repo {
             .map_err(|e| self.err("take the status", e))?;
         let mut staged = Vec::new();
         let mut edits = Vec::new();
+        let skipped = std::cell::Cell::new(false);
         let keep = |p: &BStr| {
             let p = p.to_str_lossy();
-            (!skip.iter().any(|s| under(&p, s))).then(|| p.into_owned())
+            let left_out = skip.iter().any(|s| under(&p, s));
+            if left_out {
+                skipped.set(true);
+            }
+            (!left_out).then(|| p.into_owned())
         };
         for item in iter {
             let item = item.map_err(|e| self.err("take the status", e))?;
@@ -196,7 +190,7 @@ impl Repo {
         }
         // Staged changes first: the worktree's own come on top of them.
         staged.extend(edits);
-        Ok(Ok(staged))
+        Ok(Ok((staged, skipped.get())))
     }
 
     /// Whether the worktree is at `base` (a commit id) with nothing changed, paths under `skip`
@@ -207,7 +201,7 @@ impl Repo {
         if head.as_deref() != Some(base) {
             return Ok(false);
         }
-        Ok(matches!(self.changes(skip)?, Ok(c) if c.is_empty()))
+        Ok(matches!(self.changes(skip)?, Ok((c, _)) if c.is_empty()))
     }
 
     /// Commits everything in the worktree (like `git add -A` then `git commit`, paths under
@@ -231,7 +225,7 @@ impl Repo {
         // The spec is never taken from the worktree: it is set to the base's below.
         let mut skip = skip.to_vec();
         skip.push(spec);
-        let edits = match self.changes(&skip)? {
+        let (edits, skipped) = match self.changes(&skip)? {
             Ok(e) => e,
             Err(f) => return Ok(Err(f)),
         };
@@ -285,7 +279,8 @@ impl Repo {
         };
         // HEAD's spec differs from the base's only if the agent CLI committed a change to it.
         let want = self.entry_id(&base_hex, spec)?;
-        if self.entry_id(&head_id.to_string(), spec)? != want {
+        let spec_moved = self.entry_id(&head_id.to_string(), spec)? != want;
+        if spec_moved {
             match want {
                 Some(id) => editor.upsert(spec, EntryKind::Tree, id),
                 None => editor.remove(spec),
@@ -311,6 +306,7 @@ impl Repo {
         Ok(Ok(Committed {
             commit: commit.to_string(),
             changed,
+            clean: !skipped && !spec_moved,
         }))
     }
 
@@ -419,6 +415,37 @@ impl Repo {
                 } => (!entry_mode.is_tree()).then(|| path.to_str_lossy().into_owned()),
             })
             .collect())
+    }
+
+    /// The worktree's index, or why git must handle the worktree (counted): a sparse or split
+    /// index, unmerged entries, a submodule, or content conversion.
+    pub(crate) fn plain_index(&self) -> Result<Result<gix::worktree::Index, Fallback>, Error> {
+        let index = self
+            .repo
+            .index_or_empty()
+            .map_err(|e| self.err("read the index", e))?;
+        Ok(match self.unusual_index(&index) {
+            Some(f) => Err(fell_back(f)),
+            None => Ok(index),
+        })
+    }
+
+    /// Why git must handle a worktree with this index.
+    fn unusual_index(&self, index: &gix::index::File) -> Option<Fallback> {
+        if index.is_sparse() || index.link().is_some() {
+            return Some(Fallback::SplitOrSparseIndex);
+        }
+        if index.entries().iter().any(|e| e.stage_raw() != 0) {
+            return Some(Fallback::Unmerged);
+        }
+        if index
+            .entries()
+            .iter()
+            .any(|e| e.mode == gix::index::entry::Mode::COMMIT)
+        {
+            return Some(Fallback::Submodule);
+        }
+        self.converts_content(index).then_some(Fallback::Filters)
     }
 
     /// Whether attributes or config ask git to convert content between the worktree and the

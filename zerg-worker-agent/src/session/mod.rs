@@ -123,6 +123,10 @@ pub struct Session {
     /// last prepare or commit): a level's merge moves the worker's branch but not its files, so
     /// the next task's files move from here. Only a hint: the move checks the files first.
     worktree_at: Option<String>,
+    /// Whether the worktree is exactly `worktree_at`'s tree because this process's last act in
+    /// it was a commit that found nothing it left out ([`zerg_git::Committed::clean`]): the next
+    /// move then takes no status. Cleared by anything that touches the worktree after.
+    worktree_committed: bool,
     /// What the agent CLI's output said of the current attempt: cost, tokens.
     attempt: Report,
     /// The agent CLI's own account of what it does (`API retry 3/10: overloaded`), sent with
@@ -213,6 +217,7 @@ impl Session {
             copies_fetched: false,
             git_dir,
             worktree_at: None,
+            worktree_committed: false,
             setup_key: None,
             setup_running: None,
             attempt: Report::default(),

@@ -70,6 +70,9 @@ impl Session {
         } else {
             task.base_commit.as_str()
         };
+        // Right after this process's own clean commit, nothing has run in the worktree: its
+        // files are that commit's, and the move takes no status.
+        let committed = std::mem::take(&mut self.worktree_committed);
         // Usually the worktree is clean on this worker's last commit and the base is that
         // commit or the level merge above it: the files that differ are moved in process.
         let moved = if task.base_commit.is_empty() || !task.resume_from.is_empty() {
@@ -78,10 +81,11 @@ impl Session {
         } else {
             let base = task.base_commit.clone();
             let from = self.worktree_at.take();
+            let committed = committed && from.is_some();
             match self
                 .in_repo(move |r| {
                     let from = from.or_else(|| r.commit_id("HEAD")).unwrap_or_default();
-                    r.checkout_clean(&from, &base, &[TASK_DIR])
+                    r.checkout_clean(&from, &base, &[TASK_DIR], committed)
                 })
                 .await
             {
@@ -103,11 +107,7 @@ impl Session {
             let rel = self.env.spec_rel();
             run::git(wt, &["clean", "-fdq", "-e", TASK_DIR, "-e", &rel]).await?;
         }
-        let td = self.task_dir();
-        let _ = tokio::fs::remove_dir_all(&td).await;
-        tokio::fs::create_dir_all(&td)
-            .await
-            .map_err(|e| format!("cannot create {}: {e}", td.display()))?;
+        empty_task_dir(&self.task_dir()).await?;
         if !task.resume_from.is_empty()
             && let Err(e) = run::git(wt, &["cherry-pick", "--no-commit", &task.resume_from]).await
         {
@@ -529,9 +529,10 @@ impl Session {
         // Commit.
         self.set_step(v1::Step::Committing, 95);
         let (commit, changed) = match self.commit(&task).await {
-            Ok(c) => {
-                self.worktree_at = Some(c.0.clone());
-                c
+            Ok((commit, changed, clean)) => {
+                self.worktree_at = Some(commit.clone());
+                self.worktree_committed = clean;
+                (commit, changed)
             }
             Err(e) => {
                 return self
@@ -582,6 +583,7 @@ impl Session {
                     "zerg-worker-agent: zergd refused the result ({}); discarding commit {commit}",
                     s.message()
                 );
+                self.worktree_committed = false;
                 let _ = run::git(
                     &self.env.worktree,
                     &["reset", "--hard", "-q", &task.base_commit],
@@ -618,7 +620,7 @@ impl Session {
     pub(super) async fn commit(
         &self,
         task: &v1::Task,
-    ) -> Result<(String, Option<Vec<String>>), String> {
+    ) -> Result<(String, Option<Vec<String>>, bool), String> {
         let msg = format!(
             "ZERG [{}]: {}\n\nTask-ID: {}\n",
             self.env.worker_id, task.title, task.id
@@ -635,7 +637,7 @@ impl Session {
             })
             .await;
         match done {
-            Some(Ok(Ok(c))) => return Ok((c.commit, Some(c.changed))),
+            Some(Ok(Ok(c))) => return Ok((c.commit, Some(c.changed), c.clean)),
             Some(Ok(Err(why))) => {
                 eprintln!(
                     "zerg-worker-agent: git fallback ({}): committing with git",
@@ -663,7 +665,7 @@ impl Session {
         self.restore_spec(task).await;
         self.git_with_identity(&["commit", "-q", "--allow-empty", "--no-verify", "-m", &msg])
             .await?;
-        Ok((run::git(wt, &["rev-parse", "HEAD"]).await?, None))
+        Ok((run::git(wt, &["rev-parse", "HEAD"]).await?, None, false))
     }
 
     /// Puts the rush's spec back in the index as the base commit has it, whatever the agent CLI
@@ -727,6 +729,32 @@ impl Session {
 }
 
 /// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
+/// Leaves `dir` an empty directory of its own. The one the last task left is kept when it is
+/// empty (the usual case): removing and creating a directory per task costs the file system an
+/// inode freed and one allocated each time. Anything else there (files the agent CLI left, a
+/// file or a symlink in its place) is removed, never followed.
+async fn empty_task_dir(dir: &Path) -> Result<(), String> {
+    match tokio::fs::symlink_metadata(dir).await {
+        Ok(m) if m.is_dir() => {
+            let empty = match tokio::fs::read_dir(dir).await {
+                Ok(mut entries) => matches!(entries.next_entry().await, Ok(None)),
+                Err(_) => false,
+            };
+            if empty {
+                return Ok(());
+            }
+            let _ = tokio::fs::remove_dir_all(dir).await;
+        }
+        Ok(_) => {
+            let _ = tokio::fs::remove_file(dir).await;
+        }
+        Err(_) => {}
+    }
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+}
+
 pub(super) async fn remove_stale_locks(git_dir: &Path) {
     for name in ["index.lock", "HEAD.lock"] {
         let p = git_dir.join(name);
@@ -754,4 +782,40 @@ pub(super) fn last_line(tail: &str) -> String {
     let t: Vec<&str> = tail.lines().filter(|l| !l.trim().is_empty()).collect();
     let s = t[t.len().saturating_sub(3)..].join(" | ");
     s.chars().take(500).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[tokio::test]
+    async fn the_task_dir_is_kept_when_empty_and_emptied_of_anything_else() {
+        let root = tempfile::tempdir().unwrap();
+        let td = root.path().join(TASK_DIR);
+        // Absent: created.
+        empty_task_dir(&td).await.unwrap();
+        let ino = std::fs::metadata(&td).unwrap().ino();
+        // Empty: the same directory, not a new one.
+        empty_task_dir(&td).await.unwrap();
+        assert_eq!(std::fs::metadata(&td).unwrap().ino(), ino);
+        // What an agent left there is removed.
+        std::fs::create_dir_all(td.join("sub")).unwrap();
+        std::fs::write(td.join("sub/checkpoint.json"), "{}").unwrap();
+        empty_task_dir(&td).await.unwrap();
+        assert_eq!(std::fs::read_dir(&td).unwrap().count(), 0);
+        // A symlink in its place is removed, not followed; a file in its place is removed.
+        let outside = root.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "x").unwrap();
+        std::fs::remove_dir(&td).unwrap();
+        std::os::unix::fs::symlink(&outside, &td).unwrap();
+        empty_task_dir(&td).await.unwrap();
+        assert!(std::fs::symlink_metadata(&td).unwrap().is_dir());
+        assert!(outside.join("keep").exists());
+        std::fs::remove_dir(&td).unwrap();
+        std::fs::write(&td, "not a directory").unwrap();
+        empty_task_dir(&td).await.unwrap();
+        assert!(std::fs::symlink_metadata(&td).unwrap().is_dir());
+    }
 }

@@ -613,7 +613,8 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
     let (head, moved) = match repo.merge_level(&level) {
         Ok(zerg_git::Merged::Head(head)) => {
             // The checkout counts the fallback when it declines; the other cases are counted here.
-            let fallback = match files_at.map(|from| repo.checkout_clean(&from, &head, &[])) {
+            let fallback = match files_at.map(|from| repo.checkout_clean(&from, &head, &[], false))
+            {
                 Some(Ok(Ok(()))) => None,
                 Some(Ok(Err(why))) => Some(why.name().to_string()),
                 Some(Err(e)) => {
