@@ -84,6 +84,21 @@ impl TestRepo {
         TestRepo { _dir: dir, path }
     }
 
+    /// Waits until no git worktree of a rush is left in the repository (a readiness wait; the
+    /// bound only ends a hung test). zergd removes a completed rush's worktrees once its workers
+    /// are gone, after `rush` has returned; `git fsck` of a worktree half removed sees a `HEAD`
+    /// that points at nothing.
+    pub fn wait_worktrees_removed(&self) {
+        let admin = self.path.join(".git/worktrees");
+        assert!(
+            poll(Duration::from_secs(60), || std::fs::read_dir(&admin)
+                .map_or(true, |mut rd| rd.next().is_none())),
+            "the rush's worktrees were not removed: {:?}",
+            std::fs::read_dir(&admin)
+                .map(|rd| rd.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
+    }
+
     /// Writes `.gsd/specs/<feature>/task-graph.json` and a `design.md` beside it, and commits
     /// the spec directory, as users of the original do (its design step writes the spec and
     /// people commit it).

@@ -252,6 +252,7 @@ fn a_twelve_task_rush_completes_in_containers_and_leaves_none_running() {
     assert!(other.is_empty(), "{other:#?}");
     assert!(logs.contains("committed"), "no worker log read");
     // The host's git is intact.
+    repo.wait_worktrees_removed();
     git(&repo.path, &["fsck", "--no-progress"]);
     assert_eq!(
         git(&repo.path, &["rev-parse", "--abbrev-ref", "HEAD"]),

@@ -79,6 +79,7 @@ fn a_rush_completes_in_sha1_and_sha256_repositories_with_git_in_process() {
             merges.parse::<u32>().unwrap() >= 3,
             "{format}: {merges} merges"
         );
+        repo.wait_worktrees_removed();
         git(&repo.path, &["fsck", "--strict", "--no-dangling"]);
         // Each level's merge wrote its commits and trees as one pack: one new pack per level
         // (three) at most, no loose file per merge object.
