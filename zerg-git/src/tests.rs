@@ -350,6 +350,8 @@ fn a_spec_change_the_agent_committed_itself_is_undone() {
         git(&wt, &["rev-list", "--count", &format!("{base}..HEAD")]),
         "2"
     );
+    // The files on disk keep the agent's spec, which the commit does not: not clean.
+    assert!(!done.clean);
 }
 
 #[test]

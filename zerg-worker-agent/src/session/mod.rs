@@ -94,6 +94,16 @@ enum TaskEnd {
     Exit(u8),
 }
 
+/// Where a worker process last left its worktree's index and files.
+struct LeftAt {
+    /// The commit whose tree they hold.
+    commit: String,
+    /// Whether this process's last act there was its own commit, and that commit left nothing
+    /// out ([`zerg_git::Committed::clean`]): the files are the commit's, and the next move takes
+    /// no status. Otherwise the move checks the files first.
+    committed: bool,
+}
+
 /// A running worker.
 pub struct Session {
     env: Env,
@@ -119,14 +129,10 @@ pub struct Session {
     /// The worktree's own git directory, where stale lock files are looked for before each
     /// task (found once: it does not change while this process runs).
     git_dir: Option<PathBuf>,
-    /// The commit whose tree the worktree's index and files were left at by this process (its
-    /// last prepare or commit): a level's merge moves the worker's branch but not its files, so
-    /// the next task's files move from here. Only a hint: the move checks the files first.
-    worktree_at: Option<String>,
-    /// Whether the worktree is exactly `worktree_at`'s tree because this process's last act in
-    /// it was a commit that found nothing it left out ([`zerg_git::Committed::clean`]): the next
-    /// move then takes no status. Cleared by anything that touches the worktree after.
-    worktree_committed: bool,
+    /// Where this process last left the worktree's index and files (its last prepare or
+    /// commit): a level's merge moves the worker's branch but not its files, so the next task's
+    /// files move from here.
+    worktree_at: Option<LeftAt>,
     /// What the agent CLI's output said of the current attempt: cost, tokens.
     attempt: Report,
     /// The agent CLI's own account of what it does (`API retry 3/10: overloaded`), sent with
@@ -217,7 +223,6 @@ impl Session {
             copies_fetched: false,
             git_dir,
             worktree_at: None,
-            worktree_committed: false,
             setup_key: None,
             setup_running: None,
             attempt: Report::default(),

@@ -70,9 +70,7 @@ impl Session {
         } else {
             task.base_commit.as_str()
         };
-        // Right after this process's own clean commit, nothing has run in the worktree: its
-        // files are that commit's, and the move takes no status.
-        let committed = std::mem::take(&mut self.worktree_committed);
+        let left = self.worktree_at.take();
         // Usually the worktree is clean on this worker's last commit and the base is that
         // commit or the level merge above it: the files that differ are moved in process.
         let moved = if task.base_commit.is_empty() || !task.resume_from.is_empty() {
@@ -80,12 +78,14 @@ impl Session {
             Err(zerg_git::Fallback::WorktreeReset.name().to_string())
         } else {
             let base = task.base_commit.clone();
-            let from = self.worktree_at.take();
-            let committed = committed && from.is_some();
+            // Right after this process's own clean commit, nothing has run in the worktree: its
+            // files are that commit's, and the move takes no status.
+            let known_clean = left.as_ref().is_some_and(|l| l.committed);
+            let from = left.map(|l| l.commit);
             match self
                 .in_repo(move |r| {
                     let from = from.or_else(|| r.commit_id("HEAD")).unwrap_or_default();
-                    r.checkout_clean(&from, &base, &[TASK_DIR], committed)
+                    r.checkout_clean(&from, &base, &[TASK_DIR], known_clean)
                 })
                 .await
             {
@@ -120,8 +120,11 @@ impl Session {
                 run::git(wt, &["reset", "--hard", "-q", &task.base_commit]).await?;
             }
         }
-        self.worktree_at = (!task.base_commit.is_empty() && task.resume_from.is_empty())
-            .then(|| task.base_commit.clone());
+        self.worktree_at =
+            (!task.base_commit.is_empty() && task.resume_from.is_empty()).then(|| LeftAt {
+                commit: task.base_commit.clone(),
+                committed: false,
+            });
         Ok(())
     }
 
@@ -530,8 +533,10 @@ impl Session {
         self.set_step(v1::Step::Committing, 95);
         let (commit, changed) = match self.commit(&task).await {
             Ok((commit, changed, clean)) => {
-                self.worktree_at = Some(commit.clone());
-                self.worktree_committed = clean;
+                self.worktree_at = Some(LeftAt {
+                    commit: commit.clone(),
+                    committed: clean,
+                });
                 (commit, changed)
             }
             Err(e) => {
@@ -583,7 +588,8 @@ impl Session {
                     "zerg-worker-agent: zergd refused the result ({}); discarding commit {commit}",
                     s.message()
                 );
-                self.worktree_committed = false;
+                // git moves the files back to the base: the next move checks them first.
+                self.worktree_at = None;
                 let _ = run::git(
                     &self.env.worktree,
                     &["reset", "--hard", "-q", &task.base_commit],
@@ -728,7 +734,6 @@ impl Session {
     }
 }
 
-/// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
 /// Leaves `dir` an empty directory of its own. The one the last task left is kept when it is
 /// empty (the usual case): removing and creating a directory per task costs the file system an
 /// inode freed and one allocated each time. Anything else there (files the agent CLI left, a
@@ -755,6 +760,7 @@ async fn empty_task_dir(dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))
 }
 
+/// Removes `index.lock` and `HEAD.lock` from the worktree's own git directory.
 pub(super) async fn remove_stale_locks(git_dir: &Path) {
     for name in ["index.lock", "HEAD.lock"] {
         let p = git_dir.join(name);
