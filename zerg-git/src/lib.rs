@@ -141,6 +141,24 @@ impl Repo {
             message: e.to_string(),
         })?;
         repo.object_cache_size(OBJECT_CACHE_BYTES);
+        // Compare file times to the nanosecond in this handle's statuses (git's `USE_NSEC`),
+        // in memory only. Otherwise every file written in the same second as the index is
+        // "racily clean" and read and hashed again by every status in that second: after a
+        // worker's move, that is each file the move wrote, for each task of the level. A file
+        // written within the same clock tick as the index is still compared by content.
+        let mut config = repo.config_snapshot_mut();
+        config
+            .set_value(&gix::config::tree::gitoxide::Core::USE_NSEC, "true")
+            .map_err(|e| Error {
+                what: "configure the repository handle".into(),
+                dir: dir.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        config.commit().map_err(|e| Error {
+            what: "configure the repository handle".into(),
+            dir: dir.to_path_buf(),
+            message: e.to_string(),
+        })?;
         Ok(Repo {
             repo,
             dir: dir.to_path_buf(),
@@ -193,6 +211,19 @@ impl Repo {
         let id = self.repo.rev_parse_single(rev).ok()?;
         let commit = id.object().ok()?.peel_to_commit().ok()?;
         Some(commit.id.to_string())
+    }
+
+    /// Whether the ref `name` (a full name) points straight at the object `hex`: read from the
+    /// ref store, without a lock file and without reading the object.
+    pub fn points_at(&self, name: &str, hex: &str) -> bool {
+        let Ok(id) = self.oid(hex) else {
+            return false;
+        };
+        self.repo
+            .try_find_reference(name)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.target().try_id() == Some(id.as_ref()))
     }
 
     /// Whether `hex` names a commit object in the repository (not a tree, blob or tag).

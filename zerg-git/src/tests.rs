@@ -1038,3 +1038,60 @@ fn a_clean_commit_lets_the_next_move_skip_its_status_and_anything_left_out_does_
         assert!(!done.clean, "{format}: the task dir held a file");
     }
 }
+
+#[test]
+fn a_file_rewritten_at_the_same_nanosecond_as_the_index_is_still_committed() {
+    // Statuses compare times to the nanosecond: a file whose time is the index's own is
+    // "racily clean" and compared by content. With ctime not trusted, and the file rewritten
+    // in place (same size, time put back), only that rule can see the change.
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let wt = worktree(&r, &base);
+        git(&wt, &["config", "core.trustCTime", "false"]);
+        let repo = Repo::open_worktree(&wt).unwrap();
+        write(&wt, "src/task.rs", "aaaa\n");
+        let first = repo
+            .commit_worktree(&base, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        let file = wt.join("src/task.rs");
+        let at = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::fs::write(&file, "bbbb\n").unwrap();
+        let set = |p: &Path, at| {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(at)
+                .unwrap()
+        };
+        set(&file, at);
+        let index = PathBuf::from(git(
+            &wt,
+            &["rev-parse", "--path-format=absolute", "--git-path", "index"],
+        ));
+        set(&index, at);
+        let second = repo
+            .commit_worktree(&first.commit, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        assert_eq!(second.changed, vec!["src/task.rs".to_string()], "{format}");
+        assert_eq!(git(&wt, &["show", "HEAD:src/task.rs"]), "bbbb", "{format}");
+    }
+}
+
+#[test]
+fn a_ref_is_read_for_where_it_points_without_a_lock() {
+    for format in FORMATS {
+        let (_d, r, base) = fixture(format);
+        let repo = Repo::open(&r).unwrap();
+        let a = commit_on(&r, "wa", &base, "a.txt", "a\n");
+        assert!(repo.points_at("refs/heads/wa", &a));
+        assert!(!repo.points_at("refs/heads/wa", &base));
+        assert!(!repo.points_at("refs/heads/absent", &a));
+        assert!(!repo.points_at("refs/heads/wa", "not-an-id"));
+        // A symbolic ref is not an object id, even when it leads to one.
+        assert!(!repo.points_at("HEAD", &base));
+        assert!(!r.join(".git/refs/heads/wa.lock").exists());
+    }
+}

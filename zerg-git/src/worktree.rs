@@ -112,6 +112,10 @@ impl Repo {
             .untracked_files(gix::status::UntrackedFiles::Files)
             .index_worktree_rewrites(None)
             .tree_index_track_renames(gix::status::tree_index::TrackRenames::Disabled)
+            // One thread for the files: a worktree of a few thousand files is a few
+            // milliseconds of `lstat`, less than starting threads for it, and each worker has
+            // its own status to take while the machine's cores run the others.
+            .index_worktree_options_mut(|o| o.thread_limit = Some(1))
             .head_tree(tree)
             .index(gix::worktree::IndexPersistedOrInMemory::Persisted(index))
             .into_iter(Vec::<gix::bstr::BString>::new())

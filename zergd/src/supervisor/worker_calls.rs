@@ -222,8 +222,12 @@ pub(super) fn verify_commit(
         } else {
             Expect::Is(check.base.clone())
         };
-        // Already there (a subprocess worker committed on the branch itself), or moved on
-        // meanwhile: either way the compare-and-swap leaves it.
+        // A subprocess worker commits on the branch itself: then it is there already, and
+        // reading it spares a lock file made and removed per task. Moved on meanwhile: the
+        // compare-and-swap leaves it.
+        if git.points_at(&branch, commit) {
+            return Ok(());
+        }
         if let Err(e) = git.move_refs(&[(&branch, commit, expect)], "zerg: task commit") {
             tracing::debug!(error = %e, "worker branch not moved (it is there already, or moved meanwhile)");
         }
