@@ -43,6 +43,8 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
+    // Before any thread or child exists: what the agent CLI leaves running comes back here.
+    run::become_subreaper();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

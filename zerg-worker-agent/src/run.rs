@@ -89,7 +89,7 @@ pub async fn run(spec: Spec<'_>, last_output: Arc<AtomicI64>) -> std::io::Result
     if spec.own_group {
         cmd.process_group(0);
     }
-    let mut child = cmd.spawn()?;
+    let (mut child, _started) = spawn(&mut cmd)?;
     let artifact = match &spec.artifact {
         Some(p) => {
             if let Some(d) = p.parent() {
@@ -268,6 +268,130 @@ impl Sink {
     }
 }
 
+/// Processes started by [`run`] and [`git_with`] and not yet waited for: [`sweep`] leaves them
+/// alone. Held while a process is started, so that a sweep never sees one half-registered.
+static STARTED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn started() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    STARTED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes its process off [`STARTED`] when dropped: waited for, or killed on drop.
+struct Started(Option<u32>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            started().retain(|p| *p != pid);
+        }
+    }
+}
+
+/// Starts `cmd`, registered in [`STARTED`] until the returned guard is dropped.
+fn spawn(cmd: &mut Command) -> std::io::Result<(tokio::process::Child, Started)> {
+    let mut list = started();
+    let child = cmd.spawn()?;
+    let pid = child.id();
+    list.extend(pid);
+    Ok((child, Started(pid)))
+}
+
+/// Makes this process the subreaper of everything it starts (Linux): a process whose parent
+/// exits (a server an agent CLI put in the background, a daemon that left its session with
+/// `setsid`) becomes this process's child instead of init's, where [`sweep`] can find it.
+pub fn become_subreaper() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("zerg-worker-agent: cannot become the subreaper of the agent's processes: {e}");
+    }
+}
+
+/// This process's children that [`run`] and [`git_with`] did not start (nor are waiting for):
+/// what earlier commands left behind, handed over when their parents exited.
+pub fn adopted() -> Vec<i32> {
+    not_started(children(), &started())
+}
+
+fn not_started(mut kids: Vec<i32>, started: &[u32]) -> Vec<i32> {
+    kids.retain(|p| !started.iter().any(|s| i64::from(*s) == i64::from(*p)));
+    kids.sort_unstable();
+    kids.dedup();
+    kids
+}
+
+/// Every child of this process, from each of its threads' `children` list.
+fn children() -> Vec<i32> {
+    let mut kids = Vec::new();
+    #[cfg(target_os = "linux")]
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                kids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    kids
+}
+
+/// Kills (SIGKILL) and reaps every [`adopted`] child but those in `keep` (what was there before
+/// the command ran: a service a setup command started), then again for what their deaths
+/// handed over, and reaps any of `keep` that has exited. Returns how many it killed.
+pub async fn sweep(keep: Vec<i32>) -> usize {
+    if adopted().iter().all(|p| keep.contains(p)) {
+        return 0;
+    }
+    tokio::task::spawn_blocking(move || sweep_now(&keep))
+        .await
+        .unwrap_or(0)
+}
+
+#[cfg(target_os = "linux")]
+fn sweep_now(keep: &[i32]) -> usize {
+    use nix::sys::signal::{Signal, kill};
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    use nix::unistd::Pid;
+    let reaped = |pid: i32| {
+        !matches!(
+            waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+            Ok(WaitStatus::StillAlive)
+        )
+    };
+    let mut killed = std::collections::BTreeSet::new();
+    // Each round kills what is there; a killed process's own children come to this one next.
+    for _ in 0..64 {
+        let mut left = Vec::new();
+        {
+            // No process is started while the list is taken and killed.
+            let started = started();
+            for pid in not_started(children(), &started) {
+                if keep.contains(&pid) {
+                    reaped(pid);
+                } else {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    killed.insert(pid);
+                    left.push(pid);
+                }
+            }
+        }
+        if left.is_empty() {
+            break;
+        }
+        let until = std::time::Instant::now() + Duration::from_millis(500);
+        while !left.is_empty() && std::time::Instant::now() < until {
+            left.retain(|p| !reaped(*p));
+            if !left.is_empty() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+    killed.len()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn sweep_now(_keep: &[i32]) -> usize {
+    0
+}
+
 /// Runs git in the worktree and returns trimmed stdout, or stderr as the error.
 pub async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     git_with(dir, args, &[]).await
@@ -283,15 +407,20 @@ pub async fn git_with(
     // git (and sets GIT_CONFIG_* itself in containers): nothing to scrub here. The user's hooks
     // never run for the worker's own git (its commits, resets and checkouts), as for zergd's:
     // `--no-verify` alone leaves `prepare-commit-msg` and `post-commit` running.
-    let out = Command::new("git")
-        .args(["-c", "core.hooksPath=/dev/null"])
+    let mut cmd = Command::new("git");
+    cmd.args(["-c", "core.hooksPath=/dev/null"])
         .arg("-C")
         .arg(dir)
         .args(args)
         .envs(zerg_proto::contract::GIT_ENV.iter().copied())
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let (child, _started) = spawn(&mut cmd).map_err(|e| format!("cannot run git: {e}"))?;
+    let out = child
+        .wait_with_output()
         .await
         .map_err(|e| format!("cannot run git: {e}"))?;
     if out.status.success() {

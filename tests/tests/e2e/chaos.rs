@@ -496,6 +496,59 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
 }
 
 #[test]
+fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
+    // An agent CLI that puts a server in the background and starts a daemon in a session of
+    // its own (out of every process group the worker could signal), then exits: both would go
+    // on running, and writing into the worktree, during the worker's next tasks.
+    let repo = TestRepo::new();
+    repo.write_graph("left", &graph_12("left"));
+    repo.configure(&Config::fake_agent().fast_workers());
+    let pids = tempfile::tempdir().unwrap();
+    let dir = pids.path().display();
+    let command = format!(
+        "sleep 300 & echo $! > {dir}/bg.pid; \
+         setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 300' & \
+         while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
+    );
+    repo.write_script(
+        "left",
+        &json!({"tasks": {"G-L1-002": [{"op": "write_owned"}, {"op": "shell", "command": command}]}}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "left", "--workers", "2", "--detach"])
+            .status
+            .success()
+    );
+    let st = assert_complete_exactly_once(&d, &repo, "left");
+    let read = |name: &str| -> i32 {
+        std::fs::read_to_string(pids.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let left: Vec<i32> = [read("bg.pid"), read("sid.pid")]
+        .into_iter()
+        .filter(|p| alive(*p))
+        .collect();
+    for p in &left {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    assert!(left.is_empty(), "still running after the rush: {left:?}");
+    assert_eq!(st["tasks"]["G-L1-002"]["attempts"], 1);
+    let logs = String::from_utf8_lossy(
+        &d.ctl_in(&repo.path, &["logs", "left", "--tail", "1000"])
+            .stdout,
+    )
+    .to_string();
+    assert!(
+        logs.contains("process(es) that"),
+        "{logs}"
+    );
+}
+
+#[test]
 fn a_checkpoint_exit_resumes_the_task_from_its_wip_commit() {
     let repo = TestRepo::new();
     repo.write_graph("cp", &graph_12("cp"));

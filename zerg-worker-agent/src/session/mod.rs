@@ -369,10 +369,27 @@ impl Session {
         }
     }
 
+    /// Runs `spec` under [`Self::watch`], then kills whatever it left running: processes it put
+    /// in the background or in a session of their own outlive it, and would otherwise go on
+    /// writing into the worktree during the next task. What was already there before it ran
+    /// (a service a setup command started) is left alone.
+    async fn supervise(&mut self, spec: Spec<'_>) -> Option<std::io::Result<Outcome>> {
+        let keep = run::adopted();
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        let r = self.watch(spec).await;
+        let killed = run::sweep(keep).await;
+        if killed > 0 {
+            eprintln!(
+                "zerg-worker-agent: killed {killed} process(es) that `{program}` left running"
+            );
+        }
+        r
+    }
+
     /// Runs a child process while heartbeating; `None` when zergd revoked the lease meanwhile,
     /// or when zergd cannot be reached any more (the child is stopped: its result could never be
     /// reported).
-    async fn supervise(&mut self, spec: Spec<'_>) -> Option<std::io::Result<Outcome>> {
+    async fn watch(&mut self, spec: Spec<'_>) -> Option<std::io::Result<Outcome>> {
         let lease = self
             .current
             .as_ref()
