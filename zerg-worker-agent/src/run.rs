@@ -326,7 +326,10 @@ fn children() -> Vec<i32> {
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
-                kids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+                kids.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
             }
         }
     }

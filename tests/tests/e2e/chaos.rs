@@ -542,10 +542,7 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
             .stdout,
     )
     .to_string();
-    assert!(
-        logs.contains("process(es) that"),
-        "{logs}"
-    );
+    assert!(logs.contains("process(es) that"), "{logs}");
 }
 
 #[test]
