@@ -135,30 +135,18 @@ impl Repo {
     }
 
     fn open_with(dir: &Path, options: gix::open::Options) -> Result<Repo, Error> {
+        // Compare file times to the nanosecond in this handle's statuses (git's `USE_NSEC`), an
+        // override of this handle only. Otherwise every file written in the same second as the
+        // index is "racily clean" and read and hashed again by every status in that second:
+        // after a worker's move, that is each file the move wrote, for each task of the level.
+        // A file whose time is the index's own is still compared by content.
+        let options = options.config_overrides(["gitoxide.core.useNsec=true"]);
         let mut repo = gix::open_opts(dir, options).map_err(|e| Error {
             what: "open the repository".into(),
             dir: dir.to_path_buf(),
             message: e.to_string(),
         })?;
         repo.object_cache_size(OBJECT_CACHE_BYTES);
-        // Compare file times to the nanosecond in this handle's statuses (git's `USE_NSEC`),
-        // in memory only. Otherwise every file written in the same second as the index is
-        // "racily clean" and read and hashed again by every status in that second: after a
-        // worker's move, that is each file the move wrote, for each task of the level. A file
-        // written within the same clock tick as the index is still compared by content.
-        let mut config = repo.config_snapshot_mut();
-        config
-            .set_value(&gix::config::tree::gitoxide::Core::USE_NSEC, "true")
-            .map_err(|e| Error {
-                what: "configure the repository handle".into(),
-                dir: dir.to_path_buf(),
-                message: e.to_string(),
-            })?;
-        config.commit().map_err(|e| Error {
-            what: "configure the repository handle".into(),
-            dir: dir.to_path_buf(),
-            message: e.to_string(),
-        })?;
         Ok(Repo {
             repo,
             dir: dir.to_path_buf(),

@@ -1040,7 +1040,7 @@ fn a_clean_commit_lets_the_next_move_skip_its_status_and_anything_left_out_does_
 }
 
 #[test]
-fn a_file_rewritten_at_the_same_nanosecond_as_the_index_is_still_committed() {
+fn statuses_compare_file_times_to_the_nanosecond_and_a_file_at_the_index_time_is_still_read() {
     // Statuses compare times to the nanosecond: a file whose time is the index's own is
     // "racily clean" and compared by content. With ctime not trusted, and the file rewritten
     // in place (same size, time put back), only that rule can see the change.
@@ -1077,6 +1077,19 @@ fn a_file_rewritten_at_the_same_nanosecond_as_the_index_is_still_committed() {
             .unwrap();
         assert_eq!(second.changed, vec!["src/task.rs".to_string()], "{format}");
         assert_eq!(git(&wt, &["show", "HEAD:src/task.rs"]), "bbbb", "{format}");
+
+        // And the comparison is to the nanosecond: with the index 1 ns newer than the file, the
+        // same stat data is trusted and the file is not read (to the second, the two times
+        // would be equal, and the file read and hashed).
+        let at = std::fs::metadata(&file).unwrap().modified().unwrap();
+        std::fs::write(&file, "cccc\n").unwrap();
+        set(&file, at);
+        set(&index, at + std::time::Duration::from_nanos(1));
+        let third = repo
+            .commit_worktree(&second.commit, ".gsd/specs/f", &[".zerg-task"], "m", &who())
+            .unwrap()
+            .unwrap();
+        assert!(third.changed.is_empty(), "{format}: {:?}", third.changed);
     }
 }
 

@@ -338,9 +338,17 @@ fn children() -> Vec<i32> {
 
 /// Kills (SIGKILL) and reaps every [`adopted`] child but those in `keep` (what was there before
 /// the command ran: a service a setup command started), then again for what their deaths
-/// handed over, and reaps any of `keep` that has exited. Returns how many it killed.
+/// handed over; reaps any of `keep` that has exited. Returns how many it killed.
 pub async fn sweep(keep: Vec<i32>) -> usize {
-    if adopted().iter().all(|p| keep.contains(p)) {
+    let mut any = false;
+    for pid in adopted() {
+        if keep.contains(&pid) {
+            reap(pid);
+        } else {
+            any = true;
+        }
+    }
+    if !any {
         return 0;
     }
     tokio::task::spawn_blocking(move || sweep_now(&keep))
@@ -348,40 +356,45 @@ pub async fn sweep(keep: Vec<i32>) -> usize {
         .unwrap_or(0)
 }
 
+/// Reaps `pid` if it has exited, without waiting; whether it is gone.
+#[cfg(target_os = "linux")]
+fn reap(pid: i32) -> bool {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    !matches!(
+        waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::StillAlive)
+    )
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reap(_pid: i32) -> bool {
+    true
+}
+
 #[cfg(target_os = "linux")]
 fn sweep_now(keep: &[i32]) -> usize {
     use nix::sys::signal::{Signal, kill};
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-    use nix::unistd::Pid;
-    let reaped = |pid: i32| {
-        !matches!(
-            waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
-            Ok(WaitStatus::StillAlive)
-        )
-    };
     let mut killed = std::collections::BTreeSet::new();
     // Each round kills what is there; a killed process's own children come to this one next.
     for _ in 0..64 {
-        let mut left = Vec::new();
-        {
+        let mut left: Vec<i32> = {
             // No process is started while the list is taken and killed.
             let started = started();
-            for pid in not_started(children(), &started) {
-                if keep.contains(&pid) {
-                    reaped(pid);
-                } else {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-                    killed.insert(pid);
-                    left.push(pid);
-                }
-            }
-        }
+            not_started(children(), &started)
+                .into_iter()
+                .filter(|p| !keep.contains(p))
+                .inspect(|p| {
+                    let _ = kill(nix::unistd::Pid::from_raw(*p), Signal::SIGKILL);
+                    killed.insert(*p);
+                })
+                .collect()
+        };
         if left.is_empty() {
             break;
         }
         let until = std::time::Instant::now() + Duration::from_millis(500);
         while !left.is_empty() && std::time::Instant::now() < until {
-            left.retain(|p| !reaped(*p));
+            left.retain(|p| !reap(*p));
             if !left.is_empty() {
                 std::thread::sleep(Duration::from_millis(2));
             }
