@@ -68,6 +68,50 @@ pub struct Config {
     pub design: DesignConfig,
     /// What a conflict at a level merge becomes.
     pub merge: MergeConfig,
+    /// How subprocess workers (and the gates run on the host) are confined.
+    pub sandbox: SandboxConfig,
+}
+
+/// `sandbox:` section: the wall around subprocess workers and host gates.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxConfig {
+    /// `auto` (confine where the kernel allows it), `strict` (refuse to start a rush that
+    /// cannot be confined) or `off`.
+    pub mode: SandboxMode,
+    /// More paths a confined worker may read (and run), at the same path inside.
+    pub read_only: Vec<String>,
+    /// More paths a confined worker may write, at the same path inside.
+    pub read_write: Vec<String>,
+    /// More hosts (`name`, `name:port`, or `*.suffix`) the egress proxy lets a worker reach,
+    /// beyond the model provider's.
+    pub allow_hosts: Vec<String>,
+    /// Hosts the `worktree.setup` commands may reach as well (package registries).
+    pub setup_allow_hosts: Vec<String>,
+}
+
+/// `sandbox.mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Confine wherever the machine allows it, and say what is in effect.
+    #[default]
+    Auto,
+    /// Refuse to start a rush that cannot be fully confined.
+    Strict,
+    /// No confinement (subprocess workers act as the user).
+    Off,
+}
+
+impl SandboxMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Auto => "auto",
+            SandboxMode::Strict => "strict",
+            SandboxMode::Off => "off",
+        }
+    }
 }
 
 /// `merge:` section: a conflict while merging a worker's branch into staging.
@@ -511,9 +555,30 @@ pub struct AgentConfig {
     /// Variables of zergd's environment that subprocess workers inherit beyond the built-in
     /// allowlist (`MY_TOOL_TOKEN`, or a prefix such as `MY_TOOL_*`).
     pub env_passthrough: Vec<String>,
+    /// The model of each attempt: attempt k runs with `models[k-1]`, the last repeating
+    /// (Claude Code's `--model`, Codex's `-m`); empty: the CLI's own default.
+    pub models: Vec<String>,
+    /// The most a retry's prompt says of the failed attempt before it (`## Previous attempt`:
+    /// how it failed, the failed tier's output tail, the agent's last message), in bytes.
+    pub retry_context_bytes: ByteSize,
 }
 
 impl AgentConfig {
+    /// The model attempt `attempt` (1 for the first) runs with, if `models` names any.
+    pub fn model_for(&self, attempt: u32) -> Option<&str> {
+        let i = (attempt.max(1) as usize - 1).min(self.models.len().checked_sub(1)?);
+        self.models.get(i).map(String::as_str)
+    }
+
+    /// The arguments that give the agent CLI `model`, as the profile's CLI takes them.
+    pub fn model_args(&self, model: &str) -> Vec<String> {
+        match self.profile {
+            AgentProfile::Claude => vec!["--model".into(), model.into()],
+            AgentProfile::Codex => vec!["-m".into(), model.into()],
+            AgentProfile::Plain => Vec::new(),
+        }
+    }
+
     /// The command the workers run: `command`, or Codex's when the profile is `codex` and
     /// `command` was left at Claude Code's default.
     pub fn effective_command(&self) -> Vec<String> {
@@ -532,6 +597,8 @@ impl Default for AgentConfig {
             command: claude_command(),
             timeout_seconds: Duration::from_secs_f64(1800.0),
             env_passthrough: Vec::new(),
+            retry_context_bytes: ByteSize(8 << 10),
+            models: Vec::new(),
         }
     }
 }
@@ -1098,6 +1165,22 @@ impl Config {
         self.symbols.check()?;
         self.worktree.check()?;
         self.notify.check()?;
+        if let Some(m) = self.agent.models.iter().find(|m| {
+            m.trim().is_empty()
+                || m.len() > 128
+                || m.starts_with('-')
+                || m.chars().any(char::is_control)
+        }) {
+            return Err(format!(
+                "agent.models: {m:?} is not a model name (at most 128 characters, not starting with '-')"
+            ));
+        }
+        if !self.agent.models.is_empty() && self.agent.profile == AgentProfile::Plain {
+            return Err(
+                "agent.models: agent.profile plain has no way to pass a model to the CLI; put the model in agent.command"
+                    .into(),
+            );
+        }
         if !(1..=10).contains(&self.merge.resolve_attempts) {
             return Err(format!(
                 "merge.resolve_attempts: must be 1 to 10, got {}",

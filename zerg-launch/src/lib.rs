@@ -79,6 +79,21 @@ pub struct WorkerSpec {
     /// How long a stopped worker has to exit before it is killed
     /// (`workers.stop_grace_seconds`); a swarm service is created with it.
     pub stop_grace: Duration,
+    /// The wall a subprocess worker runs inside (`sandbox:`); `None` runs it as the user, with
+    /// nothing closed to it.
+    pub sandbox: Option<SandboxSpec>,
+}
+
+/// How a subprocess worker is confined: the bubblewrap binary, and the policy zergd built for
+/// this worker (its private git dir, home and `/tmp` prepared on the host).
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// The bubblewrap binary.
+    pub bwrap: PathBuf,
+    /// What the worker sees and may reach.
+    pub policy: zerg_sandbox::Policy,
+    /// `$HOME` inside (the private home's mount point).
+    pub home: PathBuf,
 }
 
 /// The TCP worker plane as a remote worker sees it.

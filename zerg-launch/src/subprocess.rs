@@ -88,6 +88,38 @@ pub fn worker_env(spec: &WorkerSpec) -> Vec<(String, String)> {
     .collect()
 }
 
+/// What a confined worker's environment changes: its private home and `/tmp`, the Claude
+/// config in that home, the proxy variables that lead to its worker agent's forwarder, and the
+/// policy itself (for the worker agent's second wall).
+fn sandbox_env(s: &super::SandboxSpec) -> Result<Vec<(String, String)>, SpawnError> {
+    let policy = serde_json::to_string(&s.policy)
+        .map_err(|e| SpawnError::new(format!("cannot write the sandbox policy: {e}")))?;
+    let home = s.home.to_string_lossy().to_string();
+    let mut env = vec![
+        (zerg_sandbox::POLICY_ENV.to_string(), policy),
+        ("HOME".to_string(), home.clone()),
+        ("CLAUDE_CONFIG_DIR".to_string(), format!("{home}/.claude")),
+        ("TMPDIR".to_string(), "/tmp".to_string()),
+    ];
+    env.extend(zerg_sandbox::proxy_env(zerg_sandbox::EGRESS_PORT));
+    // As in a worker container: the spec is mounted read-only over its tracked files, and a
+    // sparse checkout (its patterns in the private admin dir) keeps git from writing or
+    // deleting them there; gc would pack into the private object dir for nothing.
+    let config = [
+        ("gc.auto", "0"),
+        ("maintenance.auto", "false"),
+        ("core.sparseCheckout", "true"),
+        ("core.sparseCheckoutCone", "false"),
+        ("sparse.expectFilesOutsideOfPatterns", "true"),
+    ];
+    env.push(("GIT_CONFIG_COUNT".into(), config.len().to_string()));
+    for (i, (k, v)) in config.iter().enumerate() {
+        env.push((format!("GIT_CONFIG_KEY_{i}"), k.to_string()));
+        env.push((format!("GIT_CONFIG_VALUE_{i}"), v.to_string()));
+    }
+    Ok(env)
+}
+
 impl Launcher for SubprocessLauncher {
     fn spawn(&self, spec: WorkerSpec, on_exit: ExitSink) -> BoxFuture<Result<Spawned, SpawnError>> {
         Box::pin(async move {
@@ -106,7 +138,14 @@ impl Launcher for SubprocessLauncher {
             let log2 = log
                 .try_clone()
                 .map_err(|e| SpawnError::new(format!("cannot open {}: {e}", log_path.display())))?;
-            let mut cmd = Command::new(&spec.agent_bin);
+            let mut cmd = match &spec.sandbox {
+                Some(s) => {
+                    let mut c = Command::new(&s.bwrap);
+                    c.args(zerg_sandbox::bwrap::args(&s.policy, &spec.agent_bin, &[]));
+                    c
+                }
+                None => Command::new(&spec.agent_bin),
+            };
             // Only allowlisted variables (and the rush's passthrough) reach the worker.
             cmd.env_clear();
             for (k, v) in std::env::vars_os() {
@@ -116,8 +155,15 @@ impl Launcher for SubprocessLauncher {
                     cmd.env(&k, &v);
                 }
             }
+            cmd.envs(worker_env(&spec));
+            if let Some(s) = &spec.sandbox {
+                // The spec snapshot is seen where it is mounted, over the worktree's spec dir.
+                let spec_dir = spec.worktree.join(".gsd/specs").join(&spec.feature);
+                cmd.envs(sandbox_env(s)?)
+                    .env(zerg_proto::contract::env::SPEC_DIR, spec_dir)
+                    .env_remove(zerg_proto::contract::env::STATE_DIR);
+            }
             cmd.current_dir(&spec.worktree)
-                .envs(worker_env(&spec))
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(log))
                 .stderr(Stdio::from(log2))

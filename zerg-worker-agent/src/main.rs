@@ -36,6 +36,21 @@ pub mod exit {
 }
 
 fn main() -> ExitCode {
+    // zergd's probe of what the sandbox can enforce: the second wall applied here, inside
+    // bubblewrap's namespaces, and the Landlock ABI it got.
+    if std::env::args().nth(1).as_deref() == Some("--sandbox-probe") {
+        return probe();
+    }
+    // Inside zergd's sandbox: the second wall, before any thread or child exists.
+    if let Some(policy) = std::env::var_os(zerg_sandbox::POLICY_ENV) {
+        match serde_json::from_str::<zerg_sandbox::Policy>(&policy.to_string_lossy()) {
+            Ok(p) => second_wall(&p),
+            Err(e) => {
+                eprintln!("zerg-worker-agent: the sandbox policy does not parse: {e}");
+                return ExitCode::from(exit::ERROR);
+            }
+        }
+    }
     let env = match Env::from_env() {
         Ok(e) => e,
         Err(e) => {
@@ -65,4 +80,29 @@ fn main() -> ExitCode {
         }
     });
     ExitCode::from(code)
+}
+
+/// Applies Landlock to this process: writes only beneath the policy's read-write paths.
+#[cfg(target_os = "linux")]
+fn second_wall(p: &zerg_sandbox::Policy) {
+    match zerg_sandbox::landlock::restrict_self(&p.writable_inside()) {
+        Ok(0) => eprintln!("zerg-worker-agent: sandboxed (namespaces; no Landlock on this kernel)"),
+        Ok(abi) => eprintln!("zerg-worker-agent: sandboxed (namespaces, Landlock ABI {abi})"),
+        Err(e) => eprintln!("zerg-worker-agent: sandboxed (namespaces; {e})"),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn second_wall(_: &zerg_sandbox::Policy) {}
+
+/// `--sandbox-probe`: restricts itself as a worker would be (writes only to `/tmp`), checks
+/// that a write elsewhere is refused, and prints the Landlock ABI that was enforced.
+fn probe() -> ExitCode {
+    #[cfg(target_os = "linux")]
+    let abi =
+        zerg_sandbox::landlock::restrict_self(&[std::path::PathBuf::from("/tmp")]).unwrap_or(0);
+    #[cfg(not(target_os = "linux"))]
+    let abi = 0;
+    println!("landlock-abi {abi}");
+    ExitCode::SUCCESS
 }

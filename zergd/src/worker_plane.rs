@@ -350,6 +350,131 @@ impl PlaneService {
     }
 }
 
+/// One egress connection, from its first bytes to its end: reads the request head (at most
+/// [`crate::egress::MAX_HEAD`] bytes, within [`STREAM_IDLE`]), judges its host against
+/// `allow` (telling `report` of a refusal, and of a setup command let through by
+/// `sandbox.setup_allow_hosts`), then relays both ways until either side closes.
+async fn relay<F, Fut>(
+    mut stream: Streaming<v1::EgressChunk>,
+    mut buf: Vec<u8>,
+    allow: (Vec<String>, Vec<String>),
+    setup: bool,
+    tx: tokio::sync::mpsc::Sender<Result<v1::EgressChunk, Status>>,
+    report: F,
+) where
+    F: Fn(crate::calls::EgressReport) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use crate::egress;
+    let answer = |bytes: Vec<u8>| v1::EgressChunk {
+        data: bytes,
+        ..Default::default()
+    };
+    let end = loop {
+        if let Some(end) = egress::head_end(&buf) {
+            break end;
+        }
+        if buf.len() > egress::MAX_HEAD {
+            let _ = tx
+                .send(Ok(answer(egress::refusal(
+                    "431 Request Header Fields Too Large",
+                    "the request head is too large",
+                ))))
+                .await;
+            return;
+        }
+        match tokio::time::timeout(STREAM_IDLE, stream.message()).await {
+            Ok(Ok(Some(m))) => buf.extend_from_slice(&m.data),
+            _ => return,
+        }
+    };
+    let rest = buf.split_off(end);
+    let req = match egress::parse(&buf) {
+        Ok(r) => r,
+        Err(why) => {
+            let _ = tx
+                .send(Ok(answer(egress::refusal("400 Bad Request", &why))))
+                .await;
+            return;
+        }
+    };
+    let target = req.target();
+    let (host, port) = match &req {
+        egress::Request::Connect { host, port } | egress::Request::Plain { host, port, .. } => {
+            (host.clone(), *port)
+        }
+    };
+    let (allow, setup_hosts) = allow;
+    if !zerg_sandbox::hosts::allowed(&allow, &host, port) {
+        let by_setup = setup && zerg_sandbox::hosts::allowed(&setup_hosts, &host, port);
+        report(crate::calls::EgressReport {
+            host: target.clone(),
+            setup,
+            refused: !by_setup,
+        })
+        .await;
+        if !by_setup {
+            let key = if setup {
+                "sandbox.allow_hosts or sandbox.setup_allow_hosts"
+            } else {
+                "sandbox.allow_hosts"
+            };
+            let why = format!(
+                "{target} is not in the sandbox's allow list: add it to {key} in .zerg/config.yaml"
+            );
+            let _ = tx
+                .send(Ok(answer(egress::refusal("403 Forbidden", &why))))
+                .await;
+            return;
+        }
+    }
+    let up = match egress::connect(&req).await {
+        Ok(s) => s,
+        Err(why) => {
+            tracing::debug!(target = %target, reason = %why, "egress: upstream unreachable");
+            // A tunnel that cannot be made is a proxy error the client reads as one; a plain
+            // request is closed unanswered, as the host itself would have refused it, so the
+            // agent CLI sees a connection that failed, not an answer of the API's.
+            if matches!(req, egress::Request::Connect { .. }) {
+                let _ = tx
+                    .send(Ok(answer(egress::refusal("502 Bad Gateway", &why))))
+                    .await;
+            }
+            return;
+        }
+    };
+    let (up_r, mut up_w) = up.into_split();
+    let first = match req {
+        egress::Request::Connect { .. } => {
+            if tx
+                .send(Ok(answer(
+                    b"HTTP/1.1 200 Connection Established\r\n\r\n".to_vec(),
+                )))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            rest
+        }
+        egress::Request::Plain { mut head, .. } => {
+            head.extend_from_slice(&rest);
+            head
+        }
+    };
+    if !first.is_empty() && !egress::write_up(&mut up_w, &first).await {
+        return;
+    }
+    let down = tokio::spawn(egress::pump_up(up_r, tx));
+    while let Ok(Some(m)) = stream.message().await {
+        if !egress::write_up(&mut up_w, &m.data).await {
+            break;
+        }
+    }
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut up_w).await;
+    let _ = down.await;
+}
+
 /// One artifact of a remote worker being written under `.zerg/logs/tasks/<task>/`: at most
 /// `cap` bytes are kept, then a line saying how much was sent and which cap (`cut_by`, a
 /// config key) stopped it.
@@ -752,6 +877,53 @@ impl Worker for PlaneService {
             let _ = self.refuse_push(&md, caller, lease, why).await;
         }
         Ok(Response::new(v1::Ack {}))
+    }
+
+    type EgressStream = tokio_stream::wrappers::ReceiverStream<Result<v1::EgressChunk, Status>>;
+
+    /// One connection of a confined worker through the egress proxy: its request is read and
+    /// judged here against the rush's allow list (see [`crate::egress`]), then connected and
+    /// relayed, or answered `403` and reported.
+    async fn egress(
+        &self,
+        req: Request<Streaming<v1::EgressChunk>>,
+    ) -> Result<Response<Self::EgressStream>, Status> {
+        let md = req.metadata().clone();
+        let seen = seen(&req);
+        let mut stream = req.into_inner();
+        let mut first = tokio::time::timeout(STREAM_IDLE, stream.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no first message"))??
+            .ok_or_else(|| Status::invalid_argument("an egress stream needs a first message"))?;
+        let caller = crate::wire::worker::egress_caller(&mut first)?;
+        let setup = first.setup;
+        let auth = self.auth(&md, &caller.rush_id);
+        let c = caller.clone();
+        let allow = self
+            .handle
+            .ask(|tx| Event::Worker(auth, WorkerCmd::Egress(c, setup, tx)))
+            .await
+            .map_err(Status::from)?;
+        vouch(&seen);
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let handle = self.handle.clone();
+        let auth = self.auth(&md, &caller.rush_id);
+        tokio::spawn(async move {
+            relay(stream, first.data, allow, setup, tx, move |report| {
+                let c = caller.clone();
+                let auth = auth.clone();
+                let handle = handle.clone();
+                async move {
+                    let _ = handle
+                        .ask(|tx| Event::Worker(auth, WorkerCmd::EgressSeen(c, report, tx)))
+                        .await;
+                }
+            })
+            .await
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
 
     /// Receives a pack of the caller's lease into a spool file, then has it indexed and

@@ -385,6 +385,14 @@ pub fn container_env(spec: &WorkerSpec, facts: &HostFacts) -> Vec<String> {
         env.push((format!("GIT_CONFIG_VALUE_{i}"), v.clone()));
     }
     env.extend(facts.passthrough.iter().cloned());
+    // No network of its own: the worker agent forwards the agent CLI's connections to zergd's
+    // egress proxy over the worker socket.
+    if matches!(spec.container.network.trim(), "" | "none") {
+        let proxied = zerg_sandbox::proxy_env(zerg_sandbox::EGRESS_PORT);
+        env.retain(|(k, _)| !proxied.iter().any(|(p, _)| p == k));
+        env.push((zerg_sandbox::EGRESS_ENV.into(), "1".into()));
+        env.extend(proxied);
+    }
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
@@ -543,6 +551,7 @@ mod tests {
             env_passthrough: vec![],
             remote: Default::default(),
             stop_grace: std::time::Duration::from_secs(10),
+            sandbox: None,
         }
     }
 

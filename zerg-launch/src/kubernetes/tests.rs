@@ -124,6 +124,7 @@ fn spec() -> WorkerSpec {
         },
         env_passthrough: vec![],
         stop_grace: std::time::Duration::from_secs(10),
+        sandbox: None,
         remote: crate::RemoteSpec {
             plane_url: "https://zergd.example:7443".into(),
             ca_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n".into(),

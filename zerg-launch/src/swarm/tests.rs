@@ -48,6 +48,7 @@ fn spec(rush: &str, worker: u32, image: &str, network: &str) -> WorkerSpec {
         },
         env_passthrough: vec![],
         stop_grace: Duration::from_secs(10),
+        sandbox: None,
         remote: RemoteSpec {
             plane_url: "https://127.0.0.1:7443".into(),
             ca_pem: CA.into(),

@@ -16,6 +16,9 @@ pub struct Env {
     pub(super) reconnect_timeout: Duration,
     /// Set for a remote worker: the TCP plane it dials instead of a socket.
     pub(super) remote: Option<RemotePlane>,
+    /// Whether the worker's commands reach the network only through the egress forwarder (in
+    /// zergd's sandbox, or in a container with no network of its own).
+    pub(super) confined: bool,
 }
 
 /// The TCP worker plane a remote worker dials.
@@ -105,6 +108,8 @@ impl Env {
                     .unwrap_or(600),
             ),
             remote,
+            confined: std::env::var_os(zerg_sandbox::POLICY_ENV).is_some()
+                || std::env::var(zerg_sandbox::EGRESS_ENV).is_ok_and(|v| v == "1"),
         })
     }
 

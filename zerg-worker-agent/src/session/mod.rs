@@ -40,6 +40,7 @@ macro_rules! retrying {
 }
 
 mod connection;
+mod egress;
 mod environment;
 mod handoff;
 mod remote;
@@ -122,6 +123,9 @@ pub struct Session {
     /// `GIT_AUTHOR_*` and `GIT_COMMITTER_*` for the agent CLI and git, when the repository
     /// has no identity of its own.
     identity: Vec<(String, String)>,
+    /// What the next `Fail` report tells the task's next attempt (output tails, the agent's
+    /// last message), taken by [`Session::fail`].
+    retry_context: String,
     /// Who the task commits are by.
     who: zerg_git::Identity,
     /// Whether the worktree opened in process at the start (if not, git does every step).
@@ -163,6 +167,14 @@ impl Session {
             .await
             .map_err(|s| format!("zergd refused registration: {}", s.message()))?
             .into_inner();
+        if env.confined {
+            for (port, setup) in [
+                (zerg_sandbox::EGRESS_PORT, false),
+                (zerg_sandbox::SETUP_EGRESS_PORT, true),
+            ] {
+                tokio::spawn(egress::forward(port, setup, env.me(), client.clone()));
+            }
+        }
         let (hb_tx, hb_rx) = mpsc::channel(16);
         let (abort_tx, abort_rx) = watch::channel(None);
         let (unreachable_tx, unreachable_rx) = watch::channel(false);
@@ -218,6 +230,7 @@ impl Session {
             tasks_completed: 0,
             tiers: Vec::new(),
             identity,
+            retry_context: String::new(),
             who,
             in_process: repo.is_some(),
             copies_fetched: false,

@@ -19,6 +19,16 @@ pub(super) enum Setup {
 }
 
 impl Session {
+    /// The environment of a `worktree.setup` command: the commit identity and, in the sandbox,
+    /// the proxy port whose connections may also reach `sandbox.setup_allow_hosts`.
+    fn setup_env(&self) -> Vec<(String, String)> {
+        let mut env = self.identity.clone();
+        if self.env.confined {
+            env.extend(zerg_sandbox::proxy_env(zerg_sandbox::SETUP_EGRESS_PORT));
+        }
+        env
+    }
+
     /// Runs `worktree.setup` in the worktree when it has not run yet for what the worktree
     /// holds now. The output of command `i` goes to `setup/worker-<N>-<i>.txt` in the worker's log directory and to this
     /// worker's log.
@@ -47,7 +57,7 @@ impl Session {
             let spec = Spec {
                 argv: vec!["sh".into(), "-c".into(), cmd.clone()],
                 cwd: &self.env.worktree.clone(),
-                env: self.identity.clone(),
+                env: self.setup_env(),
                 timeout: left,
                 artifact: Some(
                     self.env

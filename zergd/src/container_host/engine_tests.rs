@@ -199,6 +199,7 @@ async fn real_engine_lifecycle() {
             env_passthrough: vec![],
             remote: Default::default(),
             stop_grace: std::time::Duration::from_secs(10),
+            sandbox: None,
         }
     };
     let s1 = mk(1);

@@ -39,6 +39,130 @@ pub fn prepare(spec: &WorkerSpec) -> Result<HostFacts, SpawnError> {
     Ok(facts)
 }
 
+/// Everything a confined subprocess worker needs on the host, made afresh as for a container
+/// (the private git dir over the common dir, a home with a copy of the Claude login, the spec's
+/// mount point), plus a private `/tmp`; and the policy that binds them, with the config's
+/// additions in `extra`. `agent_cli` is the agent command's program, whose directory the
+/// worker may run.
+pub fn prepare_sandbox(
+    spec: &WorkerSpec,
+    extra: &zerg_sandbox::Extra,
+    agent_cli: Option<&str>,
+    bwrap: &Path,
+) -> Result<crate::launcher::SandboxSpec, SpawnError> {
+    use zerg_sandbox::{Bind, Host, Policy, WorkerLayout};
+    let git = git_layout(&spec.repo, &spec.worktree, &spec.feature, spec.worker_id)
+        .map_err(|e| SpawnError::new(e.to_string()))?;
+    let config = fs::read_to_string(git.common_dir.join("config")).unwrap_or_default();
+    if config.to_ascii_lowercase().contains("reftable") {
+        return Err(SpawnError::new(
+            "the repository stores its refs as reftable, which the sandbox does not support: set sandbox.mode: off",
+        ));
+    }
+    let identity = git_identity(&spec.repo, spec.worker_id);
+    let facts = HostFacts::gather(spec, git, identity)?;
+    let g = &facts.git;
+    let ctx = |what: &str, p: &Path| {
+        let p = p.display().to_string();
+        let what = what.to_string();
+        move |e: io::Error| SpawnError::new(format!("{what} {p}: {e}"))
+    };
+    if !spec.spec_dir.is_dir() {
+        return Err(SpawnError::new(format!(
+            "spec snapshot {} does not exist",
+            spec.spec_dir.display()
+        )));
+    }
+    let spec_rel = Path::new(".gsd/specs").join(&spec.feature);
+    Dir::open(&spec.worktree)
+        .and_then(|d| d.make_dirs(&spec_rel, 0o755))
+        .map_err(ctx("cannot create the spec mount point in", &spec.worktree))?;
+    write_private_git_dir(g, spec)
+        .map_err(ctx("cannot prepare the worker's git dir", &g.private_dir))?;
+    write_home(g, spec, &facts.login)
+        .map_err(ctx("cannot prepare the worker's home", &g.home_dir))?;
+    let tmp_name = format!("tmp-{}", spec.worker_id);
+    let tmp = g.home_dir.with_file_name(&tmp_name);
+    rush_area(&g.common_dir, &spec.feature)
+        .and_then(|a| {
+            a.remove(&tmp_name)?;
+            a.make_dir(&tmp_name, 0o700)
+        })
+        .map_err(ctx("cannot prepare the worker's /tmp", &tmp))?;
+    let logs = vec![spec.log_dir.join("tasks"), spec.log_dir.join("setup")];
+    for l in &logs {
+        fs::create_dir_all(l).map_err(ctx("cannot create", l))?;
+    }
+    let host = Host::current();
+    let home_inside = host
+        .home
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/home/zerg"));
+    let mut programs: Vec<PathBuf> = spec
+        .agent_bin
+        .parent()
+        .map(Path::to_path_buf)
+        .into_iter()
+        .collect();
+    if let Some(cli) = agent_cli.and_then(resolve_program) {
+        programs.extend(cli.parent().map(Path::to_path_buf));
+    }
+    let plane_dir = spec
+        .socket
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let control_dir = plane_dir
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut hidden = vec![spec.repo.clone(), spec.state_dir.clone(), control_dir];
+    hidden.extend(host.home.clone());
+    let layout = WorkerLayout {
+        worktree: spec.worktree.clone(),
+        git_dir: Bind {
+            from: g.private_dir.clone(),
+            to: g.common_dir.clone(),
+        },
+        objects: g.common_dir.join("objects"),
+        home: Bind {
+            from: g.home_dir.clone(),
+            to: home_inside.clone(),
+        },
+        tmp,
+        spec: Bind {
+            from: spec.spec_dir.clone(),
+            to: spec.worktree.join(&spec_rel),
+        },
+        plane_dir,
+        logs,
+        programs,
+        hidden,
+    };
+    let mut policy = Policy::worker(&layout, &host, extra);
+    // The test agent's hooks (`FAKE_CLAUDE_*` paths), as a container gets them.
+    policy
+        .read_write
+        .extend(facts.test_paths.iter().map(Bind::same));
+    Ok(crate::launcher::SandboxSpec {
+        bwrap: bwrap.to_path_buf(),
+        policy,
+        home: home_inside,
+    })
+}
+
+/// The file a program name runs: itself when it has a `/`, else the first on `PATH`, with
+/// symbolic links resolved (an installer's `~/.local/bin/claude` leads to its versions dir).
+fn resolve_program(name: &str) -> Option<PathBuf> {
+    let p = if name.contains('/') {
+        PathBuf::from(name)
+    } else {
+        zerg_sandbox::bwrap::find_on_path(name)?
+    };
+    fs::canonicalize(p).ok()
+}
+
 /// Finds the layout from the repository's side: its common git dir, and the admin dir whose
 /// `gitdir` file names `<worktree>/.git`. Nothing is read from the worktree itself, which a
 /// container can write: a `.git` file a worker rewrote never redirects zergd.

@@ -178,6 +178,11 @@ pub fn fetch_request(
     Ok((caller(r.worker)?, lease(r.task_id, r.lease_id)?, haves))
 }
 
+/// The first message of an egress connection: who opens it.
+pub fn egress_caller(r: &mut v1::EgressChunk) -> Result<Caller, SupervisorError> {
+    caller(r.worker.take())
+}
+
 /// The first message of an artifact: who sends it, for which lease, and the file's name.
 pub fn artifact_header(
     r: &mut v1::ArtifactChunk,
@@ -303,6 +308,7 @@ impl TryFrom<v1::FailRequest> for Failure {
             cost_usd: finite_cost("cost_usd", r.cost_usd)?,
             usage: usage(r.tokens, r.models)?,
             limit_type: text("limit_type", r.limit_type, MAX_NAME)?,
+            context: text("context", r.context, MAX_TEXT)?,
         })
     }
 }
@@ -387,6 +393,8 @@ impl From<LeaseOutcome> for v1::LeaseReply {
                     attempt: a.attempt,
                     acceptance_criteria: a.acceptance_criteria,
                     relevant_symbols: a.relevant_symbols,
+                    previous_attempt: a.previous_attempt,
+                    agent_args: a.agent_args,
                 })
             }
         };
