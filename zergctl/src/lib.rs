@@ -117,6 +117,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Open the web dashboard (zergd --http): prints, or with --open opens, an address with a
+    /// one-time login code that the page trades for a session cookie.
+    Dashboard {
+        /// Open it in the desktop's browser (xdg-open, or open on macOS) as well.
+        #[arg(long)]
+        open: bool,
+    },
     /// Stop a rush: SIGTERM to every worker's process group, SIGKILL after the grace period.
     Stop {
         /// Feature.
@@ -464,6 +471,7 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             verbose,
         } => cmd::status::run(&socket, feature, repo, json, watch, verbose).await,
         Command::List { json } => cmd::list::run(&socket, json).await,
+        Command::Dashboard { open } => cmd::dashboard::run(&socket, open).await,
         Command::Stop {
             feature,
             force,

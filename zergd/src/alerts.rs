@@ -197,7 +197,7 @@ async fn desktop(event: &Value, timeout: Duration) -> Result<(), String> {
     };
     let mut cmd = if on_path("notify-send") {
         let mut c = tokio::process::Command::new("notify-send");
-        c.arg("--app-name=zerg").arg(&title).arg(&text);
+        c.args(notify_send_args(&title, &text));
         c
     } else if on_path("osascript") {
         let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
@@ -222,18 +222,48 @@ async fn desktop(event: &Value, timeout: Duration) -> Result<(), String> {
     }
 }
 
-/// A notification's title and one line of text.
+/// `notify-send`'s arguments: what follows `--` is never read as an option, whatever a worker
+/// made it start with.
+fn notify_send_args(title: &str, text: &str) -> [String; 4] {
+    [
+        "--app-name=zerg".into(),
+        "--".into(),
+        title.into(),
+        text.into(),
+    ]
+}
+
+/// Characters of any one field a worker or a graph wrote that a notification shows.
+const FIELD_CHARS: usize = 200;
+
+/// A field a worker or a graph wrote, as a notification shows it: control characters become
+/// spaces, runs of white space one space, and it is cut at [`FIELD_CHARS`].
+fn field(v: &Value) -> String {
+    let s = v.as_str().unwrap_or("?");
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let words: Vec<&str> = flat.split_whitespace().collect();
+    let one = words.join(" ");
+    if one.chars().count() > FIELD_CHARS {
+        let cut: String = one.chars().take(FIELD_CHARS).collect();
+        format!("{cut}…")
+    } else {
+        one
+    }
+}
+
+/// A notification's title and one line of text. What a worker or a graph wrote (feature,
+/// task id, error, reason) is flattened to one line and cut short.
 pub fn summary(event: &Value) -> (String, String) {
-    let feature = event["feature"].as_str().unwrap_or("?");
+    let feature = field(&event["feature"]);
     let title = match event["event"].as_str().unwrap_or_default() {
         "rush_complete" => format!("zerg: {feature} complete"),
         "rush_failed" => format!("zerg: {feature} failed"),
         "rush_stopped" => format!("zerg: {feature} stopped"),
         "rush_paused" => format!("zerg: {feature} paused"),
-        "task_failed" => format!(
-            "zerg: {feature}: task {} failed",
-            event["task_id"].as_str().unwrap_or("?")
-        ),
+        "task_failed" => format!("zerg: {feature}: task {} failed", field(&event["task_id"])),
         other => format!("zerg: {feature}: {other}"),
     };
     let counts = &event["tasks"];
@@ -243,7 +273,10 @@ pub fn summary(event: &Value) -> (String, String) {
         counts["total"].as_u64().unwrap_or(0)
     );
     if let Some(r) = event["reason"].as_str().filter(|r| !r.is_empty()) {
-        text = format!("{r} ({text})");
+        text = format!("{} ({text})", field(&Value::from(r)));
+    }
+    if let Some(e) = event["error"].as_str().filter(|e| !e.is_empty()) {
+        text = format!("{} ({text})", field(&Value::from(e)));
     }
     (title, text)
 }
@@ -261,6 +294,23 @@ mod tests {
         assert_eq!(x, "usage limit (3 of 12 tasks complete)");
         let (t, _) = summary(&json!({"event": "task_failed", "feature": "auth", "task_id": "A-1"}));
         assert_eq!(t, "zerg: auth: task A-1 failed");
+    }
+
+    #[test]
+    fn worker_text_is_one_short_line_after_the_end_of_options() {
+        let evil = format!("--help\u{1b}[31m\nrm -rf /\r{}", "x".repeat(5000));
+        let (t, x) = summary(&json!({"event": "task_failed", "feature": "--version",
+            "task_id": "A-1\u{7}", "error": evil, "tasks": {"complete": 1, "total": 2}}));
+        assert_eq!(t, "zerg: --version: task A-1 failed");
+        assert!(x.starts_with("--help [31m rm -rf / xxx"), "{x}");
+        assert!(!x.chars().any(char::is_control), "{x:?}");
+        assert!(x.chars().count() < FIELD_CHARS + 40, "{}", x.len());
+        let args = notify_send_args(&t, &x);
+        assert_eq!(
+            args[1], "--",
+            "positional arguments follow the end of options"
+        );
+        assert!(args[3].starts_with("--help"));
     }
 
     #[tokio::test]

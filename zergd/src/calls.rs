@@ -31,6 +31,17 @@ impl WorkerAuth {
     }
 }
 
+/// What the egress proxy did with one of a confined worker's connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressReport {
+    /// `host:port` the connection asked for (or the start of a request that named none).
+    pub host: String,
+    /// Made by a `worktree.setup` command.
+    pub setup: bool,
+    /// Refused (else: a setup command reached a host only `sandbox.setup_allow_hosts` allows).
+    pub refused: bool,
+}
+
 /// Where a remote worker's files of one lease go on zergd's side, and how large a pack it may
 /// push.
 #[derive(Debug, Clone)]
@@ -170,6 +181,11 @@ pub struct Assignment {
     pub acceptance_criteria: Vec<String>,
     /// The prompt's `## Relevant Symbols` section (heading included); empty when there is none.
     pub relevant_symbols: String,
+    /// How the previous attempt failed, for the prompt's `## Previous attempt` section; empty
+    /// for a first attempt.
+    pub previous_attempt: String,
+    /// Arguments for the agent CLI on this attempt (`--model <m>`).
+    pub agent_args: Vec<String>,
 }
 
 /// The answer to a lease request.
@@ -265,6 +281,8 @@ pub struct Failure {
     pub usage: AttemptUsage,
     /// For a rate limit: which one (`five_hour`, …), empty if not named.
     pub limit_type: String,
+    /// What the next attempt should know of this one (output tails, the agent's last message).
+    pub context: String,
 }
 
 /// An escalation left by the agent CLI.
@@ -303,11 +321,46 @@ pub struct Escalation {
 /// repository's most recent rush.
 #[derive(Debug, Clone)]
 pub struct RushKey {
-    /// The repository as the client resolved it (may be empty when the client is outside any
-    /// repository; then the feature name alone must pick the rush).
+    /// The repository, as [`RushKey::repo_is`] says.
     pub repo: String,
     /// Feature name, or empty.
     pub feature: String,
+    /// What `repo` is.
+    pub repo_is: RepoIs,
+}
+
+/// What the repository string of a [`RushKey`] is. The supervisor only ever compares it:
+/// finding a repository from a path (a walk up to `.git`, which a FIFO or a hung mount can
+/// block) is done before the key reaches it, off its thread, with a deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepoIs {
+    /// A path as the client gave it, not yet resolved.
+    Given,
+    /// The repository root found from the path the client gave, or why none was found.
+    Resolved(Result<String, String>),
+    /// A repository path exactly as zergd registered it (the dashboard's requests): compared
+    /// as a string, never opened.
+    Registered,
+}
+
+impl RushKey {
+    /// A key naming the repository by a path the client gave.
+    pub fn given(repo: impl Into<String>, feature: impl Into<String>) -> RushKey {
+        RushKey {
+            repo: repo.into(),
+            feature: feature.into(),
+            repo_is: RepoIs::Given,
+        }
+    }
+
+    /// A key naming a registered rush by its repository string and feature.
+    pub fn registered(repo: impl Into<String>, feature: impl Into<String>) -> RushKey {
+        RushKey {
+            repo: repo.into(),
+            feature: feature.into(),
+            repo_is: RepoIs::Registered,
+        }
+    }
 }
 
 /// Start (or resume) a rush.
@@ -426,6 +479,25 @@ pub struct RushView<'a> {
     pub escalations: &'a [Escalation],
     /// Whether the rush has ended.
     pub ended: bool,
+    /// How its workers are confined.
+    pub sandbox: SandboxView,
+}
+
+/// A rush's sandbox as status shows it.
+#[derive(Debug, Clone)]
+pub struct SandboxView {
+    /// `sandbox.mode`.
+    pub mode: &'static str,
+    /// What is in effect.
+    pub enforcement: zerg_sandbox::Enforcement,
+    /// The policy of the last worker spawned, once one was.
+    pub policy: Option<zerg_sandbox::Policy>,
+    /// The hosts the proxy lets through, and those only setup commands may reach.
+    pub allow_hosts: Vec<String>,
+    /// `sandbox.setup_allow_hosts`.
+    pub setup_allow_hosts: Vec<String>,
+    /// Connections refused since the rush was loaded.
+    pub egress_refused: u64,
 }
 
 /// Where a `Watch` goes: the edge turns each update into its own message, so the supervisor

@@ -57,10 +57,17 @@ struct Args {
     /// other than loopback needs ZERG_HTTP_TOKEN.
     #[arg(long, env = "ZERG_HTTP", value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
-    /// The token every dashboard request must carry (`Authorization: Bearer`, or `?token=`);
-    /// at least 16 characters. Read from the environment only, so that it is not in `ps`.
+    /// The dashboard's token (`Authorization: Bearer`), at least 16 characters; required on an
+    /// address other than loopback, made at start otherwise. Read from the environment only,
+    /// so that it is not in `ps`.
     #[arg(skip = std::env::var("ZERG_HTTP_TOKEN").ok())]
     http_token: Option<String>,
+    /// Bytes of one task-log file that one dashboard log answer shows at most.
+    #[arg(long, env = "ZERG_HTTP_LOG_FILE_BYTES", default_value_t = 256 << 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    http_log_file_bytes: usize,
+    /// Bytes of one dashboard log answer at most, all files together.
+    #[arg(long, env = "ZERG_HTTP_LOG_BYTES", default_value_t = 1 << 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    http_log_bytes: usize,
 }
 
 /// Logs go to stderr (with colour only on a terminal, and never with `NO_COLOR`) and to
@@ -121,6 +128,10 @@ fn main() -> ExitCode {
         http: args.http.map(|listen| zergd::http::HttpOptions {
             listen,
             token: args.http_token,
+            log_limits: zergd::http::logs::LogLimits {
+                file_bytes: args.http_log_file_bytes,
+                response_bytes: args.http_log_bytes,
+            },
         }),
     };
     let _log_guard = init_logging(&opts.state_dir, args.log_retain_days);

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -12,7 +13,7 @@ use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
-use crate::calls::{LandRush, RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
+use crate::calls::{LandRush, RepoIs, RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
 use crate::logtail;
 use crate::supervisor::{ControlCmd, Event, Handle};
 use crate::wire::status;
@@ -21,17 +22,83 @@ use crate::wire::status;
 #[derive(Clone)]
 pub struct Services {
     handle: Handle,
+    /// The dashboard's door, once `--http` has bound it (for `DashboardLogin`).
+    door: Arc<OnceLock<Arc<crate::http::door::Door>>>,
+}
+
+/// How long finding a repository from a client's path may take before the call fails.
+const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Whether a path on the way to a repository is a FIFO, a socket or a device: opening it
+/// could block, so a repository behind one is refused before any git code reads it.
+fn special_file_on_the_way(dir: &std::path::Path) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    for d in dir.ancestors() {
+        for p in [
+            d.join(".git"),
+            d.join(".git/HEAD"),
+            d.join(".git/config"),
+            d.join(".git/commondir"),
+        ] {
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                let t = m.file_type();
+                if t.is_fifo() || t.is_socket() || t.is_block_device() || t.is_char_device() {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
 }
 
 impl Services {
     /// Services backed by a supervisor.
     pub fn new(handle: Handle) -> Self {
-        Self { handle }
+        Self {
+            handle,
+            door: Arc::default(),
+        }
+    }
+
+    /// The dashboard's door, for `DashboardLogin`.
+    pub fn set_door(&self, door: Arc<crate::http::door::Door>) {
+        let _ = self.door.set(door);
+    }
+
+    /// The key with the repository found from the client's path, off the supervisor's thread
+    /// and within [`RESOLVE_DEADLINE`]; a key already resolved or registered is left as it is.
+    pub async fn resolved(&self, mut key: RushKey) -> RushKey {
+        if key.repo_is != RepoIs::Given {
+            return key;
+        }
+        let repo = key.repo.clone();
+        let find = tokio::task::spawn_blocking(move || {
+            if let Some(p) = special_file_on_the_way(std::path::Path::new(&repo)) {
+                return Err(format!(
+                    "{repo}: {} is not a regular file or directory, so zergd does not read it",
+                    p.display()
+                ));
+            }
+            crate::supervisor::jobs::resolve_repo(&repo)
+                .map(|p| p.to_string_lossy().to_string())
+                .map_err(|e| e.message())
+        });
+        key.repo_is = RepoIs::Resolved(match tokio::time::timeout(RESOLVE_DEADLINE, find).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(format!("{}: finding the repository failed", key.repo)),
+            Err(_) => Err(format!(
+                "{}: finding the repository took more than {}s",
+                key.repo,
+                RESOLVE_DEADLINE.as_secs()
+            )),
+        });
+        key
     }
 
     /// The status of a rush, projected from the view the supervisor hands out (after the
     /// state it shows is on disk), without the disk usage that `Status` adds.
     pub async fn rush_status(&self, key: RushKey) -> Result<v1::RushStatus, Status> {
+        let key = self.resolved(key).await;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let query = StatusQuery::new(move |view| {
             let answer = view.map(|v| status::rush_status(v));
@@ -44,6 +111,46 @@ impl Services {
             .map_err(Status::from)?;
         rx.await
             .map_err(|_| Status::unavailable("the supervisor stopped before answering"))?
+            .map_err(Status::from)
+    }
+
+    /// A rush's changes as they happen: the whole status first, then deltas.
+    pub async fn watch_rush(
+        &self,
+        key: RushKey,
+    ) -> Result<ReceiverStream<Result<v1::WatchEvent, Status>>, Status> {
+        self.watch_with(key, true).await
+    }
+
+    async fn watch_with(
+        &self,
+        key: RushKey,
+        deltas: bool,
+    ) -> Result<ReceiverStream<Result<v1::WatchEvent, Status>>, Status> {
+        let r = self.resolved(key).await;
+        let (tx, rx) = mpsc::channel(64);
+        let sink = Box::new(status::WatchStream::new(tx, deltas));
+        self.handle
+            .ask(|reply| Event::Control(ControlCmd::Watch(r, sink, reply)))
+            .await?;
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// Stops a rush: the number of workers signalled.
+    pub async fn stop_rush(&self, mut r: StopRush) -> Result<u32, Status> {
+        r.key = self.resolved(r.key).await;
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Stop(r, tx)))
+            .await
+            .map_err(Status::from)
+    }
+
+    /// Requeues failed or blocked tasks: their ids.
+    pub async fn retry_tasks(&self, mut r: RetryTasks) -> Result<Vec<String>, Status> {
+        r.key = self.resolved(r.key).await;
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Retry(r, tx)))
+            .await
             .map_err(Status::from)
     }
 }
@@ -98,21 +205,14 @@ impl Control for Services {
         let req = req.into_inner();
         let deltas = req.deltas;
         let r = RushKey::try_from(req)?;
-        let (tx, rx) = mpsc::channel(64);
-        let sink = Box::new(status::WatchStream::new(tx, deltas));
-        self.handle
-            .ask(|reply| Event::Control(ControlCmd::Watch(r, sink, reply)))
-            .await?;
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(self.watch_with(r, deltas).await?))
     }
 
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::StopReply>, Status> {
         let r = StopRush::try_from(req.into_inner())?;
-        self.handle
-            .ask(|tx| Event::Control(ControlCmd::Stop(r, tx)))
+        self.stop_rush(r)
             .await
             .map(|workers_signalled| Response::new(v1::StopReply { workers_signalled }))
-            .map_err(Status::from)
     }
 
     async fn retry(
@@ -120,11 +220,9 @@ impl Control for Services {
         req: Request<v1::RetryRequest>,
     ) -> Result<Response<v1::RetryReply>, Status> {
         let r = RetryTasks::try_from(req.into_inner())?;
-        self.handle
-            .ask(|tx| Event::Control(ControlCmd::Retry(r, tx)))
+        self.retry_tasks(r)
             .await
             .map(|requeued| Response::new(v1::RetryReply { requeued }))
-            .map_err(Status::from)
     }
 
     type LogsStream = BoxStream<v1::LogChunk>;
@@ -136,10 +234,7 @@ impl Control for Services {
         let r = req.into_inner();
         // Resolve the rush (and so its workers) through the supervisor, then read files here.
         let status = self
-            .rush_status(RushKey {
-                repo: r.repo.clone(),
-                feature: r.feature.clone(),
-            })
+            .rush_status(RushKey::given(r.repo.clone(), r.feature.clone()))
             .await?;
         let log_dir = PathBuf::from(&status.repo).join(".zerg").join("logs");
         let mut ids: Vec<u32> = status
@@ -260,6 +355,25 @@ impl Control for Services {
             .await
             .map(|landed| Response::new(landed.into()))
             .map_err(Status::from)
+    }
+
+    async fn dashboard_login(
+        &self,
+        _req: Request<v1::DashboardLoginRequest>,
+    ) -> Result<Response<v1::DashboardLoginReply>, Status> {
+        let door = self.door.get().ok_or_else(|| {
+            Status::failed_precondition(
+                "zergd serves no dashboard: start it with --http 127.0.0.1:7878 (or set ZERG_HTTP)",
+            )
+        })?;
+        let code = door
+            .login_code(std::time::Instant::now())
+            .map_err(|e| Status::internal(format!("cannot make a login code: {e}")))?;
+        let url = door.url();
+        Ok(Response::new(v1::DashboardLoginReply {
+            login_url: format!("{url}?login={code}"),
+            url,
+        }))
     }
 
     async fn shutdown(

@@ -1,6 +1,7 @@
 //! One module per zergctl command that talks to zergd (`validate` and `symbols` work
 //! offline).
 
+pub mod dashboard;
 pub mod design;
 pub mod init;
 pub mod land;

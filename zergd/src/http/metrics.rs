@@ -166,10 +166,7 @@ pub async fn render(services: &Services) -> String {
         );
     }
     for r in list.iter().filter(|r| !ended(r.state)) {
-        let key = RushKey {
-            repo: r.repo.clone(),
-            feature: r.feature.clone(),
-        };
+        let key = RushKey::registered(r.repo.clone(), r.feature.clone());
         if let Ok(s) = services.rush_status(key).await {
             rush(&mut m, &s);
         }
@@ -379,6 +376,14 @@ fn process(m: &mut Exposition) {
             );
         }
     }
+    for (model, n) in METRICS.attempts_by_model() {
+        m.counter(
+            "zerg_task_attempts_by_model_total",
+            "Task attempts leased with a model from agent.models, by model.",
+            &[("model", &model)],
+            n as f64,
+        );
+    }
     m.histogram(
         "zerg_gate_duration_seconds",
         "How long quality-gate runs took, whatever their outcome.",
@@ -389,6 +394,12 @@ fn process(m: &mut Exposition) {
         "Times a rush began holding new work because the agent hit a usage limit.",
         &[],
         METRICS.usage_limit_holds() as f64,
+    );
+    m.counter(
+        "zerg_egress_refused_total",
+        "Connections of confined workers that the egress proxy refused (host not in sandbox.allow_hosts).",
+        &[],
+        METRICS.egress_refusals() as f64,
     );
     let (open, accepted) = METRICS.plane_connections();
     m.gauge(

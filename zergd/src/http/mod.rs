@@ -7,14 +7,23 @@
 //! task's log, and `Stop` and `Retry`. `/metrics` is the Prometheus text format
 //! ([`metrics`]).
 //!
-//! Who may call it: on a loopback address, anyone on this machine, as with any local web
-//! server; the `Host` header must then name a loopback address too, so that a web page
-//! elsewhere cannot reach the dashboard through a DNS name that resolves to 127.0.0.1. Any
-//! other address needs a token (`ZERG_HTTP_TOKEN`), sent as `Authorization: Bearer <token>`
-//! or `?token=<token>`; zergd refuses to start without one. The actions (`POST`) take only
-//! `Content-Type: application/json`, which a form on another site cannot send without the
-//! browser asking first, and a request whose `Origin` is not the dashboard's own is refused.
+//! Who may call it: only zergd's owner, on loopback as on any other address ([`door`]): a
+//! session cookie that `zergctl dashboard`'s one-time link gives, or the token (made at start,
+//! in `dashboard.json` beside the control socket, or `ZERG_HTTP_TOKEN`, which an address other
+//! than loopback requires) as `Authorization: Bearer`. Without either, everything but the page
+//! shell answers 401. On loopback the `Host` header must name a loopback address too, so that a
+//! web page elsewhere cannot reach the dashboard through a DNS name that resolves to 127.0.0.1;
+//! two `Host` headers get 400. The actions (`POST`) take only `Content-Type:
+//! application/json`, which a form on another site cannot send without the browser asking
+//! first, and a request whose `Origin` is not the dashboard's own is refused.
+//!
+//! What a request may cost: a rush is named by a repository and feature that zergd already
+//! has registered, compared as strings, so no request makes zergd open a path it names; a log
+//! answer is bounded in bytes ([`logs`]), at most [`LOG_READERS`] are read at once, and off the
+//! supervisor.
 
+pub mod door;
+pub mod logs;
 pub mod metrics;
 pub mod view;
 
@@ -39,14 +48,23 @@ use zerg_proto::v1::control_server::Control;
 use crate::calls::RushKey;
 use crate::server::Services;
 
-/// The page, with its script and styles inline.
+/// The page shell: markup and styles.
 const PAGE: &str = include_str!("page.html");
 
-/// Connections served at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 64;
+/// The page's script, served as its own file so that the page's policy allows no inline script.
+const SCRIPT: &str = include_str!("app.js");
+
+/// How long a connection may take to send a request's headers.
+const HEADER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The largest action body read.
 const MAX_BODY: usize = 64 << 10;
+
+/// Log answers read at once; more wait (up to [`LOG_WAIT`]) for a turn.
+pub const LOG_READERS: usize = 4;
+
+/// How long a log request waits for a turn before it is told to come back.
+const LOG_WAIT: Duration = Duration::from_secs(10);
 
 /// Ended rushes whose status the rush list reads (the most recent ones); older ones show their
 /// summary only.
@@ -57,8 +75,11 @@ const LIST_ENDED_STATUS: usize = 20;
 pub struct HttpOptions {
     /// The address to listen on (`127.0.0.1:7878`; port 0 picks one).
     pub listen: SocketAddr,
-    /// The token every request must carry; required on an address that is not loopback.
+    /// The token every request must carry without a session; required on an address that is
+    /// not loopback, made at start on one that is.
     pub token: Option<String>,
+    /// What one log answer may cost.
+    pub log_limits: logs::LogLimits,
 }
 
 /// Why the dashboard cannot start.
@@ -81,6 +102,15 @@ pub enum HttpError {
         #[source]
         source: std::io::Error,
     },
+    /// The token cannot be made or written down.
+    #[error("cannot make or keep the dashboard's token in {dir}")]
+    Door {
+        /// The directory beside the control socket.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The dashboard, bound and ready to serve.
@@ -91,8 +121,10 @@ pub struct Dashboard {
 
 struct Ctx {
     services: Services,
-    token: Option<String>,
+    door: Arc<door::Door>,
     listen: SocketAddr,
+    log_limits: logs::LogLimits,
+    log_readers: tokio::sync::Semaphore,
     /// The list entries of ended rushes, by rush id and state: an ended rush does not change
     /// until it is retried (and so is no longer ended), and its status is read from disk.
     ended: std::sync::Mutex<std::collections::HashMap<(String, i32), Value>>,
@@ -101,9 +133,19 @@ struct Ctx {
 type Body = BoxBody<Bytes, Infallible>;
 
 impl Dashboard {
-    /// Checks the options and binds the address.
-    pub async fn bind(opts: HttpOptions, services: Services) -> Result<Dashboard, HttpError> {
+    /// Checks the options, makes the door (its token written to `door_dir`) and binds the
+    /// address. The door is returned for the control service's `DashboardLogin`.
+    pub async fn bind(
+        opts: HttpOptions,
+        services: Services,
+        door_dir: &Path,
+    ) -> Result<(Dashboard, Arc<door::Door>), HttpError> {
         let token = checked_token(&opts)?;
+        let door_err = |source| HttpError::Door {
+            dir: door_dir.to_path_buf(),
+            source,
+        };
+        let door = Arc::new(door::Door::new(token).map_err(door_err)?);
         let listener = TcpListener::bind(opts.listen)
             .await
             .map_err(|source| HttpError::Bind {
@@ -111,15 +153,21 @@ impl Dashboard {
                 source,
             })?;
         let listen = listener.local_addr().unwrap_or(opts.listen);
-        Ok(Dashboard {
-            listener,
-            ctx: Arc::new(Ctx {
-                services,
-                token,
-                listen,
-                ended: Default::default(),
-            }),
-        })
+        door.opened(listen, door_dir).map_err(door_err)?;
+        Ok((
+            Dashboard {
+                listener,
+                ctx: Arc::new(Ctx {
+                    services,
+                    door: door.clone(),
+                    listen,
+                    log_limits: opts.log_limits,
+                    log_readers: tokio::sync::Semaphore::new(LOG_READERS),
+                    ended: Default::default(),
+                }),
+            },
+            door,
+        ))
     }
 
     /// The address it listens on (with the port picked, if 0 was asked for).
@@ -127,13 +175,10 @@ impl Dashboard {
         self.ctx.listen
     }
 
-    /// Serves until the task is dropped or aborted.
+    /// Serves until the task is dropped or aborted. Every connection is accepted at once; the
+    /// door closes the oldest unauthenticated one when their pool is full.
     pub async fn serve(self) {
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
             let (stream, _) = match self.listener.accept().await {
                 Ok(a) => a,
                 Err(e) => {
@@ -143,17 +188,23 @@ impl Dashboard {
                 }
             };
             let ctx = self.ctx.clone();
+            let (id, closed) = ctx.door.arrived();
             tokio::spawn(async move {
+                let conn = ctx.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    let ctx = ctx.clone();
-                    async move { Ok::<_, Infallible>(handle(&ctx, req).await) }
+                    let ctx = conn.clone();
+                    async move { Ok::<_, Infallible>(handle(&ctx, id, req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let serving = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                drop(permit);
+                    .header_read_timeout(HEADER_DEADLINE)
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                tokio::select! {
+                    _ = serving => {}
+                    // Fired by the door (a dropped sender means the connection left its pool).
+                    Ok(()) = closed => {}
+                }
+                ctx.door.left(id);
             });
         }
     }
@@ -225,48 +276,51 @@ fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-/// The rush a query names (`repo` and `feature`).
+/// The rush a query names (`repo` and `feature`), as zergd registered it: matched as strings,
+/// never resolved as a path.
 fn rush_key(q: &[(String, String)]) -> Result<RushKey, String> {
     let key = |n: &str| {
         param(q, n)
             .filter(|v| !v.is_empty())
             .ok_or_else(|| format!("the query needs `{n}` (…?repo=<path>&feature=<name>)"))
     };
-    Ok(RushKey {
-        repo: key("repo")?.to_string(),
-        feature: key("feature")?.to_string(),
-    })
+    Ok(RushKey::registered(key("repo")?, key("feature")?))
 }
 
-/// Compares two strings in time that does not depend on where they differ.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+/// The name of this dashboard's session cookie: the port is in it, so that two zergd on one
+/// machine do not overwrite each other's (cookies are not kept apart by port).
+fn cookie_name(listen: SocketAddr) -> String {
+    format!("zerg_session_{}", listen.port())
+}
+
+/// The value of cookie `name` in the request, if sent.
+fn cookie<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
 }
 
 impl Ctx {
-    /// Whether the request carries the token, where one is needed.
-    fn authorised(&self, req: &Request<Incoming>, q: &[(String, String)]) -> bool {
-        let Some(token) = &self.token else {
-            return true;
-        };
+    /// Who sent the request, when it carries the session cookie or the token.
+    fn caller(&self, req: &Request<Incoming>) -> Option<door::Caller> {
         let bearer = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        bearer
-            .or(param(q, "token"))
-            .is_some_and(|t| same_secret(t, token))
+        self.door
+            .admits(bearer, cookie(req, &cookie_name(self.listen)))
     }
 
-    /// Without a token the dashboard answers only to loopback names: a page elsewhere whose
-    /// host name resolves to 127.0.0.1 gets nothing.
+    /// On loopback the dashboard answers only to loopback names: a page elsewhere whose host
+    /// name resolves to 127.0.0.1 gets nothing.
     fn host_allowed(&self, req: &Request<Incoming>) -> bool {
-        if self.token.is_some() {
+        if !self.listen.ip().is_loopback() {
             return true;
         }
         let host = req
@@ -285,9 +339,46 @@ impl Ctx {
                 .parse::<std::net::IpAddr>()
                 .is_ok_and(|ip| ip.is_loopback())
     }
+
+    /// A session for whoever holds `code` (a login code or the token): to `/` with the
+    /// cookie set, or back to the page saying the link is spent.
+    fn log_in(&self, code: &str) -> Response<Body> {
+        let mut r = respond(StatusCode::SEE_OTHER, "text/plain; charset=utf-8", "");
+        let h = r.headers_mut();
+        h.insert(header::REFERRER_POLICY, hv("no-referrer"));
+        match self.door.redeem(code, std::time::Instant::now()) {
+            Some(sid) => {
+                h.insert(header::LOCATION, hv("/"));
+                h.insert(
+                    header::SET_COOKIE,
+                    hv(&format!(
+                        "{}={sid}; Path=/; HttpOnly; SameSite=Strict",
+                        cookie_name(self.listen)
+                    )),
+                );
+            }
+            None => {
+                h.insert(header::LOCATION, hv("/?expired=1"));
+            }
+        }
+        r
+    }
 }
 
-async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
+fn unauthorised() -> Response<Body> {
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        "this dashboard is its owner's: open the address `zergctl dashboard` prints, or send Authorization: Bearer <token> (the token is in dashboard.json beside zergd's socket)",
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, hv("Bearer realm=\"zergd\""));
+    r
+}
+
+async fn handle(ctx: &Ctx, conn: u64, req: Request<Incoming>) -> Response<Body> {
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return error(StatusCode::BAD_REQUEST, "a request has one Host header");
+    }
     if !ctx.host_allowed(&req) {
         return error(
             StatusCode::FORBIDDEN,
@@ -296,23 +387,26 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
     }
     let q = query(&req);
     let path = req.uri().path().to_string();
-    let open = matches!(path.as_str(), "/" | "/index.html" | "/api/info");
-    if !open && !ctx.authorised(&req, &q) {
-        let mut r = error(
-            StatusCode::UNAUTHORIZED,
-            "this dashboard needs its token (Authorization: Bearer <token>, or ?token=<token>)",
-        );
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, hv("Bearer realm=\"zergd\""));
-        return r;
-    }
     match (req.method(), path.as_str()) {
-        (&Method::GET, "/" | "/index.html") => page(),
+        (&Method::GET, "/" | "/index.html") => {
+            return match param(&q, "login").or(param(&q, "token")) {
+                Some(code) => ctx.log_in(code),
+                None => page(),
+            };
+        }
+        (&Method::GET, "/app.js") => return script(),
+        (&Method::POST, "/api/session") => return session(ctx, req).await,
+        _ => {}
+    }
+    let Some(caller) = ctx.caller(&req) else {
+        return unauthorised();
+    };
+    ctx.door.authenticated(conn);
+    match (req.method(), path.as_str()) {
         (&Method::GET, "/api/info") => json_reply(&json!({
             "version": env!("CARGO_PKG_VERSION"),
             "listen": ctx.listen.to_string(),
             "loopback": ctx.listen.ip().is_loopback(),
-            "token_required": ctx.token.is_some(),
         })),
         (&Method::GET, "/api/rushes") => rushes(ctx).await,
         (&Method::GET, "/api/rush") => match rush_key(&q) {
@@ -323,7 +417,7 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
             Err(m) => error(StatusCode::BAD_REQUEST, m),
         },
         (&Method::GET, "/api/watch") => match rush_key(&q) {
-            Ok(key) => watch(ctx, key).await,
+            Ok(key) => watch(ctx, &caller, key).await,
             Err(m) => error(StatusCode::BAD_REQUEST, m),
         },
         (&Method::GET, "/api/log") => match rush_key(&q) {
@@ -339,27 +433,78 @@ async fn handle(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
                 text,
             )
         }
-        (_, "/" | "/index.html" | "/api/info" | "/api/rushes" | "/api/rush" | "/api/watch")
-        | (_, "/api/log" | "/api/stop" | "/api/retry" | "/metrics") => error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{} does not take {}", path, req.method()),
-        ),
+        (_, "/" | "/index.html" | "/app.js" | "/api/session" | "/api/info" | "/api/rushes")
+        | (_, "/api/rush" | "/api/watch" | "/api/log" | "/api/stop" | "/api/retry" | "/metrics") => {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} does not take {}", path, req.method()),
+            )
+        }
         _ => error(StatusCode::NOT_FOUND, format!("no such page: {path}")),
     }
+}
+
+/// `POST /api/session {"token": …}`: the page's form trades the token for a session cookie,
+/// so that the page holds no secret itself.
+async fn session(ctx: &Ctx, req: Request<Incoming>) -> Response<Body> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Login {
+        token: String,
+    }
+    if let Some(r) = not_json(&req) {
+        return r;
+    }
+    let bytes = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, e),
+    };
+    let login: Login = match serde_json::from_slice(&bytes) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("/api/session: {e}")),
+    };
+    let r = ctx.log_in(&login.token);
+    if r.headers().contains_key(header::SET_COOKIE) {
+        let mut ok = json_reply(&json!({"session": true}));
+        if let Some(c) = r.headers().get(header::SET_COOKIE) {
+            ok.headers_mut().insert(header::SET_COOKIE, c.clone());
+        }
+        ok
+    } else {
+        unauthorised()
+    }
+}
+
+/// A 415 unless the request's body is JSON.
+fn not_json(req: &Request<Incoming>) -> Option<Response<Body>> {
+    let json_body = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().unwrap_or("").trim() == "application/json");
+    (!json_body).then(|| {
+        error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "this takes a JSON body with Content-Type: application/json",
+        )
+    })
 }
 
 fn page() -> Response<Body> {
     let mut r = respond(StatusCode::OK, "text/html; charset=utf-8", PAGE);
     let h = r.headers_mut();
-    // Everything the page needs is in it: nothing else may load, and no other site may frame it.
+    // The page loads its own script and nothing else; no other site may frame it.
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        hv("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+        hv("default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
     );
     h.insert(header::X_FRAME_OPTIONS, hv("DENY"));
-    // The token may be in the page's address: it goes nowhere else.
     h.insert(header::REFERRER_POLICY, hv("no-referrer"));
     r
+}
+
+fn script() -> Response<Body> {
+    respond(StatusCode::OK, "text/javascript; charset=utf-8", SCRIPT)
 }
 
 /// Every rush, most recent first, with the status of those that have not ended and of the most
@@ -396,10 +541,7 @@ async fn rushes(ctx: &Ctx) -> Response<Body> {
         ended_read += usize::from(ended && read);
         let status = if read {
             ctx.services
-                .rush_status(RushKey {
-                    repo: r.repo.clone(),
-                    feature: r.feature.clone(),
-                })
+                .rush_status(RushKey::registered(r.repo.clone(), r.feature.clone()))
                 .await
                 .ok()
         } else {
@@ -426,22 +568,32 @@ async fn rushes(ctx: &Ctx) -> Response<Body> {
 /// A rush's changes as server-sent events: `status` (the whole status, first and after each
 /// batch of changes), `message` (one line of what happened), and `end` when the rush has ended
 /// and nothing more will come.
-async fn watch(ctx: &Ctx, key: RushKey) -> Response<Body> {
-    let events = match ctx
-        .services
-        .watch(tonic::Request::new(v1::WatchRequest {
-            repo: key.repo,
-            feature: key.feature,
-            // Each browser gets whole statuses, built here from the deltas.
-            deltas: true,
-        }))
-        .await
-    {
-        Ok(s) => s.into_inner(),
+async fn watch(ctx: &Ctx, caller: &door::Caller, key: RushKey) -> Response<Body> {
+    let slot = match ctx.door.watch(caller) {
+        Ok(s) => s,
+        Err(why) => {
+            let msg = match why {
+                door::WatchRefused::Client => format!(
+                    "this client holds {} event streams already: close one",
+                    door::MAX_WATCHES_PER_CLIENT
+                ),
+                door::WatchRefused::All => format!(
+                    "the dashboard serves {} event streams already",
+                    door::MAX_WATCHES
+                ),
+            };
+            return error(StatusCode::TOO_MANY_REQUESTS, msg);
+        }
+    };
+    let events = match ctx.services.watch_rush(key).await {
+        Ok(s) => s,
         Err(e) => return refused(e),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    tokio::spawn(forward(events, tx));
+    tokio::spawn(async move {
+        forward(events, tx).await;
+        drop(slot);
+    });
     let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
     let mut r = Response::new(StreamBody::new(stream).boxed());
     let h = r.headers_mut();
@@ -522,15 +674,20 @@ async fn forward(
     }
 }
 
-/// The last lines of each file of a task's output (`.zerg/logs/tasks/<task>/`).
+/// What is new in each file of a task's output (`.zerg/logs/tasks/<task>/`) since the offsets
+/// the page names (`at=<file>:<offset>`, repeated), or the end of each file, within the log
+/// limits.
 async fn task_log(ctx: &Ctx, key: RushKey, q: &[(String, String)]) -> Response<Body> {
     let Some(task) = param(q, "task").filter(|t| !t.is_empty()) else {
         return error(StatusCode::BAD_REQUEST, "the query needs `task`");
     };
-    let tail = param(q, "tail")
-        .and_then(|t| t.parse::<usize>().ok())
-        .unwrap_or(200)
-        .clamp(1, 5000);
+    let at: Vec<(String, u64)> = q
+        .iter()
+        .filter(|(k, _)| k == "at")
+        .filter_map(|(_, v)| v.rsplit_once(':'))
+        .filter_map(|(n, o)| Some((n.to_string(), o.parse().ok()?)))
+        .take(64)
+        .collect();
     let status = match ctx.services.rush_status(key).await {
         Ok(s) => s,
         Err(e) => return refused(e),
@@ -542,55 +699,23 @@ async fn task_log(ctx: &Ctx, key: RushKey, q: &[(String, String)]) -> Response<B
             format!("rush {} has no task {task}", status.feature),
         );
     };
-    let dir = Path::new(&status.repo)
-        .join(".zerg")
-        .join("logs")
-        .join("tasks")
-        .join(task);
-    let task = task.clone();
-    let files = tokio::task::spawn_blocking(move || read_tails(&dir, tail))
+    let Ok(Ok(_turn)) = tokio::time::timeout(LOG_WAIT, ctx.log_readers.acquire()).await else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{LOG_READERS} logs are being read: ask again in a moment"),
+        );
+    };
+    let repo = std::path::PathBuf::from(&status.repo);
+    let (task, limits) = (task.clone(), ctx.log_limits);
+    let t = task.clone();
+    let files = tokio::task::spawn_blocking(move || logs::read(&repo, &t, &at, limits))
         .await
         .unwrap_or_default();
-    json_reply(&json!({ "task": task, "files": files }))
-}
-
-/// The tails of the regular files in `dir` (at most 20, by name), never through a symlink.
-fn read_tails(dir: &Path, tail: usize) -> Vec<Value> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut names: Vec<_> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .map(|e| e.file_name())
-        .collect();
-    names.sort();
-    names
-        .into_iter()
-        .take(20)
-        .filter_map(|name| {
-            let mut f = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-                .open(dir.join(&name))
-                .ok()?;
-            if !f.metadata().ok()?.is_file() {
-                return None;
-            }
-            // One line more than asked tells whether there was more before.
-            let (mut lines, _) = crate::logtail::tail(&mut f, tail + 1).ok()?;
-            let truncated = lines.len() > tail;
-            if lines.len() > tail {
-                lines.drain(..lines.len() - tail);
-            }
-            Some(json!({
-                "name": name.to_string_lossy(),
-                "lines": lines,
-                "truncated": truncated,
-            }))
-        })
-        .collect()
+    json_reply(&json!({
+        "task": task,
+        "files": files,
+        "limits": {"file_bytes": limits.file_bytes, "response_bytes": limits.response_bytes},
+    }))
 }
 
 #[derive(serde::Deserialize)]
@@ -615,16 +740,8 @@ struct RetryBody {
 
 /// `POST /api/stop` and `/api/retry`: the same calls as `zergctl stop` and `zergctl retry`.
 async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body> {
-    let json_body = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(';').next().unwrap_or("").trim() == "application/json");
-    if !json_body {
-        return error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "actions take a JSON body with Content-Type: application/json",
-        );
+    if let Some(r) = not_json(&req) {
+        return r;
     }
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let own = [
@@ -659,14 +776,13 @@ async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body>
         };
         match ctx
             .services
-            .stop(tonic::Request::new(v1::StopRequest {
-                repo: b.repo,
-                feature: b.feature,
+            .stop_rush(crate::calls::StopRush {
+                key: RushKey::registered(&b.repo, &b.feature),
                 force: b.force,
-            }))
+            })
             .await
         {
-            Ok(r) => json_reply(&json!({"workers_signalled": r.into_inner().workers_signalled})),
+            Ok(n) => json_reply(&json!({"workers_signalled": n})),
             Err(e) => refused(e),
         }
     } else {
@@ -676,16 +792,15 @@ async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body>
         };
         match ctx
             .services
-            .retry(tonic::Request::new(v1::RetryRequest {
-                repo: b.repo,
-                feature: b.feature,
+            .retry_tasks(crate::calls::RetryTasks {
+                key: RushKey::registered(&b.repo, &b.feature),
                 task_ids: b.task_ids,
                 reset: b.reset,
                 max_usd: None,
-            }))
+            })
             .await
         {
-            Ok(r) => json_reply(&json!({"requeued": r.into_inner().requeued})),
+            Ok(n) => json_reply(&json!({"requeued": n})),
             Err(e) => refused(e),
         }
     }
@@ -696,17 +811,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret("abcdefghijklmnop", "abcdefghijklmnop"));
-        assert!(!same_secret("abcdefghijklmnop", "abcdefghijklmnoq"));
-        assert!(!same_secret("abc", "abcd"));
-    }
-
-    #[test]
     fn a_network_address_needs_a_token_of_some_length() {
         let opts = |listen: &str, token: Option<&str>| HttpOptions {
             listen: listen.parse().unwrap(),
             token: token.map(str::to_string),
+            log_limits: logs::LogLimits::default(),
         };
         let e = checked_token(&opts("0.0.0.0:0", None)).unwrap_err();
         assert!(e.to_string().contains("ZERG_HTTP_TOKEN"), "{e}");

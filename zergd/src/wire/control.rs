@@ -24,10 +24,10 @@ fn field(name: &str, s: String) -> Result<String, SupervisorError> {
 }
 
 fn key(repo: String, feature: String) -> Result<RushKey, SupervisorError> {
-    Ok(RushKey {
-        repo: field("repo", repo)?,
-        feature: field("feature", feature)?,
-    })
+    Ok(RushKey::given(
+        field("repo", repo)?,
+        field("feature", feature)?,
+    ))
 }
 
 fn budget(v: Option<f64>) -> Result<Option<f64>, SupervisorError> {
