@@ -208,6 +208,20 @@ impl Repo {
         Ok(matches!(self.changes(skip)?, Ok((c, _)) if c.is_empty()))
     }
 
+    /// The paths that differ from `HEAD` in the index or the worktree, untracked files
+    /// included and ignored ones not, paths under `skip` left out; `Ok(Err(_))` when git must
+    /// be asked instead.
+    pub fn uncommitted_paths(&self, skip: &[&str]) -> Result<Result<Vec<String>, Fallback>, Error> {
+        Ok(self.changes(skip)?.map(|(edits, _)| {
+            edits
+                .into_iter()
+                .map(|e| match e {
+                    Edit::FromDisk(p) | Edit::Set(p, ..) | Edit::Remove(p) => p,
+                })
+                .collect()
+        }))
+    }
+
     /// Commits everything in the worktree (like `git add -A` then `git commit`, paths under
     /// `skip` left out) on top of `HEAD`, with the directory `spec` exactly as `base` has it,
     /// moves the checked-out branch with a compare-and-swap, and writes the index to match the

@@ -59,6 +59,12 @@ pub fn build(task: &v1::Task, spec_context: &str) -> String {
             p.push_str(&format!("- {c}\n"));
         }
     }
+    let previous = task.previous_attempt.trim();
+    if !previous.is_empty() {
+        p.push_str(&format!(
+            "\n## Previous attempt\n{previous}\n\nFind out why it failed and fix that; do not repeat it.\n"
+        ));
+    }
     if !task.resume_from.is_empty() {
         p.push_str("\n## Resuming\nAn earlier attempt checkpointed; its changes are already in the working tree. Continue from there.\n");
     }

@@ -191,6 +191,7 @@ impl Session {
             tokens,
             models,
             limit_type,
+            context: std::mem::take(&mut self.retry_context),
         };
         match retrying!(self, |c| c.fail(req.clone())) {
             Ok(_) => TaskEnd::Next,
@@ -271,6 +272,8 @@ impl Session {
         // The agent CLI.
         self.set_step(v1::Step::Implementing, 10);
         let mut argv = self.cfg.agent_command.clone();
+        // This attempt's own arguments (`--model <m>` from `agent.models`).
+        argv.extend(task.agent_args.iter().cloned());
         argv.push(prompt);
         let task_dir = self.task_dir();
         let artifacts = self.env.log_dir.join("tasks").join(&task.id);
@@ -375,6 +378,16 @@ impl Session {
                 )
                 .await;
         }
+        // What the next attempt is told if this one fails from here on: the end of what the
+        // agent CLI printed, and its final message.
+        let agent_said = match report.verdict.as_ref().map(|v| v.text.trim()) {
+            Some(t) if !t.is_empty() => format!("The agent's last message:\n{}", clip_end(t, 3000)),
+            _ => String::new(),
+        };
+        self.retry_context = format!(
+            "The end of the agent CLI's output:\n```\n{}\n```\n{agent_said}",
+            clip_end(&outcome.tail, 3000)
+        );
         if outcome.timed_out {
             return self
                 .fail(
@@ -423,6 +436,8 @@ impl Session {
                 .await;
         }
 
+        // What the agent changed, so that what verification leaves behind can go.
+        let agent_changed = self.changed_paths().await;
         // Three-tier verification.
         let tiers = self.cfg.tiers.clone();
         for (i, t) in tiers.iter().enumerate() {
@@ -512,6 +527,12 @@ impl Session {
                 } else {
                     format!("exit {}", o.code.unwrap_or(-1))
                 };
+                self.retry_context = format!(
+                    "Verification tier {} ({}) `{cmd}` failed ({why}). The end of its output:\n```\n{}\n```\n{agent_said}",
+                    t.tier,
+                    t.name,
+                    clip_end(&o.tail, 5000)
+                );
                 return self
                     .fail(
                         &task,
@@ -529,6 +550,9 @@ impl Session {
             }
         }
 
+        if let Some(before) = &agent_changed {
+            self.drop_byproducts(&task, before).await;
+        }
         // Commit.
         self.set_step(v1::Step::Committing, 95);
         let (commit, changed) = match self.commit(&task).await {
@@ -674,6 +698,51 @@ impl Session {
         Ok((run::git(wt, &["rev-parse", "HEAD"]).await?, None, false))
     }
 
+    /// The paths that differ from `HEAD` (untracked ones included, the handoff directory and
+    /// the spec left out), read in process; `None` where only git could say.
+    async fn changed_paths(&self) -> Option<std::collections::HashSet<String>> {
+        let spec = self.env.spec_rel();
+        match self
+            .in_repo(move |r| r.uncommitted_paths(&[TASK_DIR, &spec]))
+            .await
+        {
+            Some(Ok(Ok(paths))) => Some(paths.into_iter().collect()),
+            _ => None,
+        }
+    }
+
+    /// Puts back what only the verification tiers changed, so the task commits the agent's
+    /// work: a tracked file they changed or removed is restored from `HEAD`, a file they made
+    /// is removed (an untracked log, `__pycache__` in a repository that does not ignore it).
+    async fn drop_byproducts(&self, task: &v1::Task, before: &std::collections::HashSet<String>) {
+        let Some(after) = self.changed_paths().await else {
+            return;
+        };
+        let wt = &self.env.worktree;
+        let mut dropped: Vec<&String> = after.difference(before).collect();
+        dropped.sort();
+        for path in &dropped {
+            if run::git(wt, &["checkout", "-q", "HEAD", "--", path.as_str()])
+                .await
+                .is_err()
+            {
+                let _ = tokio::fs::remove_file(wt.join(path.as_str())).await;
+            }
+        }
+        if !dropped.is_empty() {
+            eprintln!(
+                "zerg-worker-agent: task {}: left out what only verification changed: {}",
+                task.id,
+                dropped
+                    .iter()
+                    .take(20)
+                    .map(|p| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+
     /// Puts the rush's spec back in the index as the base commit has it, whatever the agent CLI
     /// did to it (or committed itself), so the task's commit never changes the spec.
     pub(super) async fn restore_spec(&self, task: &v1::Task) {
@@ -782,6 +851,16 @@ fn said(outcome: &Outcome) -> String {
         Some(v) => v.text.chars().take(500).collect(),
         None => last_line(&outcome.tail),
     }
+}
+
+/// At most the last `max` bytes of `s`, cut at a character boundary.
+fn clip_end(s: &str, max: usize) -> &str {
+    let s = s.trim_end();
+    let mut from = s.len().saturating_sub(max);
+    while !s.is_char_boundary(from) {
+        from += 1;
+    }
+    &s[from..]
 }
 
 pub(super) fn last_line(tail: &str) -> String {
