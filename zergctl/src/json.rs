@@ -67,6 +67,32 @@ pub struct Status {
     /// What the rush uses on disk, when measured (`status`; the live view does not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk: Option<Disk>,
+    /// How the workers are confined (subprocess mode), with the policy of the last spawned one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+}
+
+/// A rush's sandbox.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Sandbox {
+    /// `sandbox.mode`: auto, strict or off.
+    pub mode: String,
+    /// Whether the workers run confined.
+    pub confined: bool,
+    /// What is in effect, in one line.
+    pub summary: String,
+    /// Paths inside a worker may write.
+    pub read_write: Vec<String>,
+    /// Paths inside a worker may read and run.
+    pub read_only: Vec<String>,
+    /// What is kept out on purpose.
+    pub hidden: Vec<String>,
+    /// Hosts the egress proxy lets through.
+    pub allow_hosts: Vec<String>,
+    /// Hosts only `worktree.setup` commands may reach as well.
+    pub setup_allow_hosts: Vec<String>,
+    /// Connections the egress proxy refused.
+    pub egress_refused: u64,
 }
 
 /// What a rush uses on disk, in bytes.
@@ -158,6 +184,9 @@ pub struct Task {
     pub duration_ms: u64,
     /// Tokens over all attempts.
     pub tokens: Tokens,
+    /// The model of each attempt (`agent.models`), first attempt first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempt_models: Vec<String>,
 }
 
 /// One worker slot in [`Status`].
@@ -326,6 +355,21 @@ impl From<&v1::RushStatus> for Status {
                 worktree_bytes: d.worktree_bytes,
                 log_bytes: d.log_bytes,
             }),
+            sandbox: s
+                .sandbox
+                .as_ref()
+                .filter(|_| s.mode() == v1::LaunchMode::Subprocess)
+                .map(|b| Sandbox {
+                    mode: b.mode.clone(),
+                    confined: b.confined,
+                    summary: b.summary.clone(),
+                    read_write: b.read_write.clone(),
+                    read_only: b.read_only.clone(),
+                    hidden: b.hidden.clone(),
+                    allow_hosts: b.allow_hosts.clone(),
+                    setup_allow_hosts: b.setup_allow_hosts.clone(),
+                    egress_refused: b.egress_refused,
+                }),
         }
     }
 }
@@ -348,6 +392,7 @@ impl From<&v1::TaskStatus> for Task {
             started_at: t.started_at.clone(),
             duration_ms: t.duration_ms,
             tokens: Tokens::from(t.tokens.as_ref()),
+            attempt_models: t.attempt_models.clone(),
         }
     }
 }

@@ -93,6 +93,15 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
             hb(d.log_bytes)
         ));
     }
+    if let Some(sb) = &st.sandbox {
+        o.push_str(&format!("Sandbox: {}\n", sb.summary));
+        if sb.egress_refused > 0 {
+            o.push_str(&format!(
+                "  egress refused: {} connection(s) (events egress_refused; allow a host with sandbox.allow_hosts)\n",
+                sb.egress_refused
+            ));
+        }
+    }
     o.push_str("\nLevels:\n");
     let mut levels: Vec<(&String, &json::Level)> = st.levels.iter().collect();
     levels.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(0));
@@ -158,6 +167,9 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
             ));
             if let Some(w) = t.worker_id {
                 o.push_str(&format!(" W{w}"));
+            }
+            if let Some(m) = t.attempt_models.last().filter(|m| !m.is_empty()) {
+                o.push_str(&format!(" model {m}"));
             }
             if t.status == "complete" && t.duration_ms > 0 {
                 o.push_str(&format!(

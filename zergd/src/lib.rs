@@ -17,6 +17,7 @@ pub use zerg_config as config;
 pub mod container_host;
 pub mod disk;
 pub mod domain;
+pub mod egress;
 pub mod error;
 pub use zerg_git::fsat;
 pub mod git;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod notify;
 pub mod remote;
+pub mod sandbox;
 pub mod server;
 pub mod state;
 pub mod supervisor;
@@ -194,6 +196,12 @@ pub async fn run(
     std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("cannot chmod {}", opts.socket.display())))?;
 
+    // What the machine allows for the subprocess workers' sandbox, found once (it runs the
+    // worker agent under bubblewrap).
+    {
+        let agent = opts.agent_bin.clone();
+        let _ = tokio::task::spawn_blocking(move || sandbox::init(&agent)).await;
+    }
     let settings = Settings {
         planes: Arc::new(worker_plane::Planes::beside(&opts.socket)),
         agent_bin: opts.agent_bin.clone(),
@@ -205,8 +213,13 @@ pub async fn run(
     // stops zergd with a message instead of a dashboard that never answers.
     let dashboard = match opts.http.clone() {
         Some(h) => {
-            let d = http::Dashboard::bind(h, services.clone()).await?;
-            tracing::info!(url = %format!("http://{}/", d.local_addr()), "dashboard listening");
+            let (d, door) = http::Dashboard::bind(h, services.clone(), &dir).await?;
+            services.set_door(door);
+            tracing::info!(
+                url = %format!("http://{}/", d.local_addr()),
+                "dashboard listening (open it with `zergctl dashboard`; scripts send the token in {})",
+                dir.join(http::door::DOOR_FILE).display()
+            );
             Some(tokio::spawn(d.serve()))
         }
         None => None,

@@ -102,6 +102,8 @@ pub struct Metrics {
     usage_limit_holds: AtomicU64,
     plane_connections: AtomicI64,
     plane_connections_total: AtomicU64,
+    egress_refused: AtomicU64,
+    attempts_by_model: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Metrics {
@@ -156,6 +158,37 @@ impl Metrics {
     /// A worker-plane connection closed.
     pub fn plane_closed(&self) {
         self.plane_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Counts an attempt leased with `model` (`agent.models`).
+    pub fn attempt_on(&self, model: &str) {
+        let mut m = self
+            .attempts_by_model
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Model names come from the projects' configs: a bounded set, but not a fixed one.
+        if !m.contains_key(model) && m.len() >= 256 {
+            return;
+        }
+        *m.entry(model.to_string()).or_default() += 1;
+    }
+
+    /// Attempts leased per model.
+    pub fn attempts_by_model(&self) -> BTreeMap<String, u64> {
+        self.attempts_by_model
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Counts a confined worker's connection that the egress proxy refused.
+    pub fn egress_refused(&self) {
+        self.egress_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Egress connections refused so far.
+    pub fn egress_refusals(&self) -> u64 {
+        self.egress_refused.load(Ordering::Relaxed)
     }
 
     /// Worker-plane connections open now, and accepted in all.

@@ -157,6 +157,9 @@ fn task_state() -> impl Strategy<Value = TaskState> {
                 tokens,
                 models,
                 unreachable,
+                previous_attempt: (unreachable % 2 == 1)
+                    .then(|| format!("Attempt {unreachable} failed: \"x\"\n```\n✓ tail\n```")),
+                attempt_models: (0..unreachable % 3).map(|i| format!("model-{i}")).collect(),
             },
         )
 }
@@ -300,7 +303,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
             texts(),
             any::<u64>(),
         ),
-        (text(), prop::option::of(cost())),
+        (text(), prop::option::of(cost()), any::<u64>()),
     )
         .prop_map(
             |(
@@ -314,7 +317,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
                     warnings,
                     journal_seq,
                 ),
-                (rate_limit_type, max_usd),
+                (rate_limit_type, max_usd, egress_refused),
             )| RushMeta {
                 rush_id,
                 repo,
@@ -339,6 +342,7 @@ fn rush_meta() -> impl Strategy<Value = RushMeta> {
                 journal_seq,
                 rate_limit_type,
                 max_usd,
+                egress_refused,
             },
         )
 }

@@ -222,10 +222,7 @@ async fn complete(spec: &WorkerSpec, t: &v1::Task) {
 }
 
 async fn status(h: &Handle, repo: &Path) -> v1::RushStatus {
-    let req = RushKey {
-        repo: repo.to_string_lossy().into(),
-        feature: "f".into(),
-    };
+    let req = RushKey::given(repo.to_string_lossy(), "f");
     let (tx, rx) = tokio::sync::oneshot::channel();
     let query = zergd::calls::StatusQuery::new(move |view| {
         let answer = view.map(zergd::wire::status::rush_status);
@@ -688,10 +685,7 @@ async fn a_full_disk_keeps_the_old_state_pauses_the_rush_and_retry_resumes_it() 
 
     // Space again: retry resumes, and the state on disk catches up.
     std::fs::remove_file(fs.path().join("filler")).unwrap();
-    let key = RushKey {
-        repo: r.to_string_lossy().into(),
-        feature: "f".into(),
-    };
+    let key = RushKey::given(r.to_string_lossy(), "f");
     let retry = RetryTasks {
         key,
         task_ids: vec![],

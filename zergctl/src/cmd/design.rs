@@ -291,7 +291,7 @@ fn check(path: &Path, feature: &str) -> (Option<Value>, Vec<String>) {
             );
         }
     };
-    let value: Value = match serde_json::from_slice(&bytes) {
+    let mut value: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
         Err(e) => {
             return (
@@ -303,6 +303,26 @@ fn check(path: &Path, feature: &str) -> (Option<Value>, Vec<String>) {
                 )],
             );
         }
+    };
+    // What a relevel fixes (a task at a level its dependencies do not allow) is fixed here, as
+    // `zergctl validate --fix` would, and never costs the agent a round; the agent hears only
+    // of what is left. A graph a relevel refuses (a cycle, a missing dependency) is checked as
+    // it is.
+    let mut relevelled = value.clone();
+    let bytes = match zerg_proto::graph::relevel(&mut relevelled) {
+        Ok(moved) if !moved.is_empty() => {
+            for m in &moved {
+                println!(
+                    "relevelled {}: level {} -> {}",
+                    m.id,
+                    m.from.map_or_else(|| "none".to_string(), |l| l.to_string()),
+                    m.to
+                );
+            }
+            value = relevelled;
+            serde_json::to_vec(&value).unwrap_or(bytes)
+        }
+        _ => bytes,
     };
     let mut problems = Vec::new();
     match zerg_proto::graph::parse(&bytes, path) {

@@ -88,6 +88,10 @@ pub struct RushMeta {
     /// The last journal record folded into this document (0: none).
     #[serde(skip_serializing_if = "is_zero")]
     pub journal_seq: u64,
+    /// Connections the sandbox's egress proxy refused, over the rush's whole life (kept here
+    /// so a finished or reloaded rush still shows them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub egress_refused: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -166,6 +170,13 @@ pub struct TaskState {
     /// they only lengthen the wait before the next one).
     #[serde(skip_serializing_if = "is_zero_u32")]
     pub unreachable: u32,
+    /// How the last attempt failed, with the tail of what it printed: the next attempt's
+    /// prompt carries it (`## Previous attempt`), bounded by `agent.retry_context_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_attempt: Option<String>,
+    /// The model each attempt was leased with (`agent.models`), first attempt first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempt_models: Vec<String>,
 }
 
 fn is_zero_u32(n: &u32) -> bool {

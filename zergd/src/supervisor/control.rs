@@ -1,6 +1,7 @@
 //! zergctl's commands: finding a rush, starting or resuming one, status, watch, stop, retry.
 
 use super::*;
+use crate::calls::RepoIs;
 
 impl Supervisor {
     /// The rush a command means: the newest rush of the feature (or of any feature, for an
@@ -9,7 +10,12 @@ impl Supervisor {
     /// rush wherever it is; a name several repositories share lists them.
     pub(super) fn find(&self, key: &RushKey) -> Result<String, SupervisorError> {
         let feature = key.feature.as_str();
-        let repo = jobs::resolve_repo(&key.repo).map(|p| p.to_string_lossy().to_string());
+        let repo = match &key.repo_is {
+            RepoIs::Registered => Ok(key.repo.clone()),
+            RepoIs::Resolved(r) => r.clone().map_err(SupervisorError::invalid_argument),
+            // Only a caller inside the process sends a path unresolved.
+            RepoIs::Given => jobs::resolve_repo(&key.repo).map(|p| p.to_string_lossy().to_string()),
+        };
         if let Ok(repo_s) = &repo {
             let newest = self
                 .known()
@@ -28,7 +34,7 @@ impl Supervisor {
                 )));
             }
         }
-        if !feature.is_empty() {
+        if !feature.is_empty() && key.repo_is != RepoIs::Registered {
             let mut named: Vec<park::Known<'_>> =
                 self.known().filter(|r| r.feature == feature).collect();
             named.sort_by(|a, b| a.repo.cmp(b.repo));
@@ -48,8 +54,9 @@ impl Supervisor {
         }
         Err(match (repo, feature.is_empty()) {
             (Err(e), true) => e,
-            (Err(_), false) => SupervisorError::not_found(format!(
-                "zergd knows no rush named '{feature}'; start one with `zergctl rush {feature}` in its repository"
+            (Err(e), false) => SupervisorError::not_found(format!(
+                "zergd knows no rush named '{feature}'; start one with `zergctl rush {feature}` in its repository ({})",
+                e.message()
             )),
             (Ok(repo_s), true) => SupervisorError::not_found(format!(
                 "no rush in {repo_s}; start one with `zergctl rush FEATURE`"
@@ -206,17 +213,22 @@ impl Supervisor {
                     let ensure = {
                         let r = &self.rushes[&id];
                         let mode = if mode_given { mode } else { r.doc.rush.mode };
-                        jobs::check_root(&r.config, mode).and_then(|()| {
-                            jobs::ensure_worktrees(
-                                &r.paths,
-                                &r.doc.feature,
-                                r.doc.rush.workers,
-                                &r.doc.rush.staging_head,
-                                &r.doc.rush.base_commit,
-                                &r.config.worktree,
-                                jobs::gate_reader(mode, &r.config),
-                            )
-                        })
+                        jobs::check_root(&r.config, mode)
+                            .and_then(|()| {
+                                crate::sandbox::check(&r.config, mode)
+                                    .map_err(SupervisorError::failed_precondition)
+                            })
+                            .and_then(|()| {
+                                jobs::ensure_worktrees(
+                                    &r.paths,
+                                    &r.doc.feature,
+                                    r.doc.rush.workers,
+                                    &r.doc.rush.staging_head,
+                                    &r.doc.rush.base_commit,
+                                    &r.config.worktree,
+                                    jobs::gate_reader(mode, &r.config),
+                                )
+                            })
                     };
                     if let Err(e) = ensure {
                         let _ = reply.send(Err(e));

@@ -166,6 +166,16 @@ impl Supervisor {
         }
         let import = object_import(r);
         let git = if spawns.is_empty() { None } else { r.git() };
+        // A confined worker's host side (its private git dir, home and /tmp) and policy.
+        let sandbox = match &r.sandbox {
+            zerg_sandbox::Enforcement::Namespaces { bwrap, .. } if r.confined() => Some((
+                bwrap.clone(),
+                r.egress.clone(),
+                r.config.agent.effective_command().first().cloned(),
+                r.policy.clone(),
+            )),
+            _ => None,
+        };
         for (w, generation, spec) in spawns {
             let import = import.clone();
             let git = git.clone();
@@ -174,6 +184,7 @@ impl Supervisor {
             let launchers = self.launchers.clone();
             let base = base.clone();
             let worktree_cfg = worktree_cfg.clone();
+            let sandbox = sandbox.clone();
             tokio::spawn(async move {
                 let result = async {
                     let launcher = launchers.get(mode).await?;
@@ -209,6 +220,17 @@ impl Supervisor {
                         }
                         if mode == Mode::Container {
                             spec.container.host = Some(crate::container_host::prepare(&spec)?);
+                        }
+                        if let Some((bwrap, extra, cli, shown)) = &sandbox {
+                            let s = crate::container_host::prepare_sandbox(
+                                &spec,
+                                extra,
+                                cli.as_deref(),
+                                bwrap,
+                            )?;
+                            *shown.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(s.policy.clone());
+                            spec.sandbox = Some(s);
                         }
                         Ok::<_, SpawnError>(spec)
                     })
@@ -287,7 +309,9 @@ impl Supervisor {
         let launchers = self.launchers.clone();
         let rid = rush_id.to_string();
         let sweep = fx.sweep;
-        let area = (mode == Mode::Container).then(|| (r.paths.repo.clone(), r.doc.feature.clone()));
+        let area = r
+            .private_git()
+            .then(|| (r.paths.repo.clone(), r.doc.feature.clone()));
         tokio::spawn(async move {
             let launcher = match launchers.get(mode).await {
                 Ok(l) => l,
@@ -358,6 +382,7 @@ impl Supervisor {
             container: r.container_spec(),
             env_passthrough: r.config.agent.env_passthrough.clone(),
             stop_grace: r.config.workers.stop_grace_seconds,
+            sandbox: None,
             remote: match &self.remote_plane {
                 Some(p) if r.doc.rush.mode.is_remote() => crate::launcher::RemoteSpec {
                     plane_url: p.url.clone(),
@@ -383,7 +408,7 @@ pub(crate) struct ObjectImport {
 /// What to import from a rush's workers when they exit: for container mode only (swarm and
 /// kubernetes workers push their objects; subprocess workers write the repository's).
 pub(super) fn object_import(r: &Rush) -> Option<ObjectImport> {
-    (r.doc.rush.mode == Mode::Container).then(|| {
+    r.private_git().then(|| {
         ObjectImport::new(
             r.paths.repo.clone(),
             r.doc.feature.clone(),

@@ -106,6 +106,7 @@ pub fn prepare_fresh(
     let (config, config_warnings) =
         Config::load(repo).map_err(|e| SupervisorError::invalid_argument(e.to_string()))?;
     check_root(&config, mode)?;
+    crate::sandbox::check(&config, mode).map_err(SupervisorError::failed_precondition)?;
     // Before the rush's monitor opens: the logs it would append to are rotated first.
     crate::disk::rotate_logs(repo, feature, &config.logging, wall);
     let mut warnings: Vec<String> = config_warnings;
@@ -696,7 +697,12 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
                 .log_dir
                 .join(format!("setup-{i}-level-{}.log", job.level));
             let left = limit.saturating_sub(started.elapsed());
-            let (ok, output) = run_shell(cmd, staging, left, Some(&log));
+            let confined = match gate_confinement(job, staging, true) {
+                Ok(c) => c,
+                Err(e) => return MergeResult::Error(e),
+            };
+            let (ok, output) =
+                run_shell_confined(cmd, staging, left, Some(&log), confined.as_ref());
             if !ok {
                 return MergeResult::GateFailed {
                     gate: format!("worktree.setup[{i}] `{cmd}` (in the staging worktree)"),
@@ -721,7 +727,10 @@ pub fn run_merge(job: &MergeJob, gates: &[QualityGate], feature: &str) -> MergeR
                 job.gates_stop.clone(),
                 &log,
             ),
-            None => run_shell(&g.command, staging, g.timeout, Some(&log)),
+            None => match gate_confinement(job, staging, false) {
+                Ok(c) => run_shell_confined(&g.command, staging, g.timeout, Some(&log), c.as_ref()),
+                Err(e) => return MergeResult::Error(e),
+            },
         };
         crate::metrics::METRICS.gate(&g.name, ok, started.elapsed());
         if !ok && g.required {
@@ -794,6 +803,22 @@ fn guarded(f: impl FnOnce() -> Indexed) -> Indexed {
         .unwrap_or_else(|_| Err("the indexer panicked".to_string()))
 }
 
+/// The bubblewrap binary and policy a host gate of `job` runs under in `staging` (`network`:
+/// a setup command, which keeps the host's network), or `None` when gates are not confined.
+fn gate_confinement(
+    job: &MergeJob,
+    staging: &Path,
+    network: bool,
+) -> Result<Option<(PathBuf, zerg_sandbox::Policy)>, String> {
+    let Some(gs) = &job.gate_sandbox else {
+        return Ok(None);
+    };
+    let policy = gs
+        .policy(staging, network)
+        .map_err(|e| format!("cannot prepare the gates' sandbox: {e}"))?;
+    Ok(Some((gs.bwrap.clone(), policy)))
+}
+
 /// How much of a command's output is kept in memory (the end of it), for status and errors.
 const OUTPUT_TAIL_BYTES: usize = 64 << 10;
 
@@ -802,11 +827,36 @@ const OUTPUT_TAIL_BYTES: usize = 64 << 10;
 /// full pipe would block it), written in full to `log` when given, and only its last
 /// [`OUTPUT_TAIL_BYTES`] are kept.
 pub fn run_shell(cmd: &str, dir: &Path, timeout: Duration, log: Option<&Path>) -> (bool, String) {
+    run_shell_confined(cmd, dir, timeout, log, None)
+}
+
+/// [`run_shell`], inside the sandbox when `confined` names bubblewrap and a policy.
+pub fn run_shell_confined(
+    cmd: &str,
+    dir: &Path,
+    timeout: Duration,
+    log: Option<&Path>,
+    confined: Option<&(PathBuf, zerg_sandbox::Policy)>,
+) -> (bool, String) {
     use std::io::{Read, Write};
     use std::sync::{Arc, Mutex};
-    let mut child = match crate::git::scrubbed("sh")
-        .arg("-c")
-        .arg(cmd)
+    let mut command = match confined {
+        Some((bwrap, policy)) => {
+            let mut c = crate::git::scrubbed(&bwrap.to_string_lossy());
+            c.args(zerg_sandbox::bwrap::args(
+                policy,
+                Path::new("/bin/sh"),
+                &["-c".into(), cmd.into()],
+            ));
+            c
+        }
+        None => {
+            let mut c = crate::git::scrubbed("sh");
+            c.arg("-c").arg(cmd);
+            c
+        }
+    };
+    let mut child = match command
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -18,7 +18,7 @@ use crate::config::{GitIdentity, QualityGate, WorktreeConfig};
 use crate::error::SupervisorError;
 use crate::git;
 
-use super::jobs::{copy_ignored, run_gate_in_image, run_shell, sanitize, tail};
+use super::jobs::{copy_ignored, run_gate_in_image, run_shell_confined, sanitize, tail};
 
 /// Bytes of a gate's output kept in the answer.
 const GATE_TAIL: usize = 2000;
@@ -44,6 +44,8 @@ pub struct LandJob {
     pub readable_by: Option<u32>,
     /// Where the gates run: a container of the worker image, or (`None`) the host.
     pub gate_image: Option<zerg_launch::gate::GateContainer>,
+    /// How the gates that run on the host are confined (see [`crate::sandbox::for_gates`]).
+    pub gate_sandbox: Option<crate::sandbox::GateSandbox>,
     /// Where each gate's full output goes.
     pub log_dir: PathBuf,
     /// Who the merge commit is by when git has no identity.
@@ -177,7 +179,15 @@ fn run_gates(job: &LandJob) -> Result<Vec<GateRun>, SupervisorError> {
                 .setup_timeout_seconds
                 .saturating_sub(started.elapsed());
             let log = job.log_dir.join(format!("setup-{i}-land.log"));
-            let (ok, output) = run_shell(cmd, dir, left, Some(&log));
+            let confined = job
+                .gate_sandbox
+                .as_ref()
+                .map(|g| g.policy(dir, true).map(|p| (g.bwrap.clone(), p)))
+                .transpose()
+                .map_err(|e| {
+                    SupervisorError::internal(format!("cannot prepare the gates' sandbox: {e}"))
+                })?;
+            let (ok, output) = run_shell_confined(cmd, dir, left, Some(&log), confined.as_ref());
             if !ok {
                 return Err(SupervisorError::failed_precondition(format!(
                     "worktree.setup[{i}] `{cmd}` failed in the landing's worktree; nothing was landed: {}",
@@ -206,7 +216,17 @@ fn run_gates(job: &LandJob) -> Result<Vec<GateRun>, SupervisorError> {
                     &log,
                 )
             }
-            None => run_shell(&g.command, dir, g.timeout, Some(&log)),
+            None => {
+                let confined = job
+                    .gate_sandbox
+                    .as_ref()
+                    .map(|s| s.policy(dir, false).map(|p| (s.bwrap.clone(), p)))
+                    .transpose()
+                    .map_err(|e| {
+                        SupervisorError::internal(format!("cannot prepare the gates' sandbox: {e}"))
+                    })?;
+                run_shell_confined(&g.command, dir, g.timeout, Some(&log), confined.as_ref())
+            }
         };
         runs.push(GateRun {
             name: g.name.clone(),

@@ -141,6 +141,13 @@ pub enum WorkerCmd {
     ),
     /// A remote worker's pack was refused (recorded as an event, with the reason).
     PushRefused(Caller, LeaseRef, String, Reply<()>),
+    /// A confined worker opens a connection through the egress proxy (`true`: for a
+    /// `worktree.setup` command): the hosts it may reach, and those a setup command may reach
+    /// as well.
+    Egress(Caller, bool, Reply<(Vec<String>, Vec<String>)>),
+    /// The egress proxy refused a confined worker's connection to this `host:port` (`true`:
+    /// for a `worktree.setup` command), or let a setup command reach it (`false` refused).
+    EgressSeen(Caller, crate::calls::EgressReport, Reply<()>),
 }
 
 /// A worker report whose commit is being checked in the background.
@@ -164,7 +171,9 @@ impl WorkerCmd {
             WorkerCmd::LeaseFiles(c, ..)
             | WorkerCmd::FetchBase(c, ..)
             | WorkerCmd::PushObjects(c, ..)
-            | WorkerCmd::PushRefused(c, ..) => c,
+            | WorkerCmd::PushRefused(c, ..)
+            | WorkerCmd::Egress(c, ..)
+            | WorkerCmd::EgressSeen(c, ..) => c,
         }
     }
 
@@ -181,6 +190,8 @@ impl WorkerCmd {
             WorkerCmd::FetchBase(_, _, _, r) => drop(r.send(Err(e))),
             WorkerCmd::PushObjects(_, _, _, _, r) => drop(r.send(Err(e))),
             WorkerCmd::PushRefused(_, _, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::Egress(_, _, r) => drop(r.send(Err(e))),
+            WorkerCmd::EgressSeen(_, _, r) => drop(r.send(Err(e))),
         }
     }
 }

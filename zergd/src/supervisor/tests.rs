@@ -320,6 +320,7 @@ impl H {
             cost_usd: 0.0,
             usage: Default::default(),
             limit_type: String::new(),
+            context: String::new(),
         }
     }
 

@@ -135,6 +135,15 @@ impl Supervisor {
                     r.push_refused(&caller, &lease, &why, wall)
                 });
             }
+            WorkerCmd::Egress(_, setup, reply) => {
+                let _ = reply.send(self.rushes[&id].egress_allow(setup));
+            }
+            WorkerCmd::EgressSeen(caller, report, reply) => {
+                self.reply_in(&id, reply, |r, _| {
+                    r.egress_seen(&caller, &report, wall);
+                    Ok(())
+                });
+            }
         }
     }
 

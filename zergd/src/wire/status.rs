@@ -13,6 +13,35 @@ use crate::monitor::{Level, MonitorEvent};
 use crate::state::{ModelSpend, RegistryEntry, Tokens};
 use crate::wire;
 
+/// A rush's sandbox: the line, and the last spawned worker's policy as paths inside.
+fn sandbox(s: &crate::calls::SandboxView) -> v1::Sandbox {
+    let paths = |b: &[zerg_sandbox::Bind]| -> Vec<String> {
+        b.iter().map(|b| b.to.display().to_string()).collect()
+    };
+    let p = s.policy.as_ref();
+    let mut read_write = p.map(|p| paths(&p.read_write)).unwrap_or_default();
+    if p.is_some() {
+        read_write.push("/tmp (private)".into());
+    }
+    v1::Sandbox {
+        mode: s.mode.to_string(),
+        confined: s.enforcement.confined(),
+        summary: s.enforcement.summary(),
+        read_write,
+        read_only: p.map(|p| paths(&p.read_only)).unwrap_or_default(),
+        hidden: p
+            .map(|p| p.hidden.iter().map(|h| h.display().to_string()).collect())
+            .unwrap_or_default(),
+        allow_hosts: if s.enforcement.confined() {
+            s.allow_hosts.clone()
+        } else {
+            Vec::new()
+        },
+        setup_allow_hosts: s.setup_allow_hosts.clone(),
+        egress_refused: s.egress_refused,
+    }
+}
+
 /// The full status of a rush.
 pub fn rush_status(rush: &RushView<'_>) -> v1::RushStatus {
     let d = rush.doc;
@@ -41,6 +70,7 @@ pub fn rush_status(rush: &RushView<'_>) -> v1::RushStatus {
                     started_at: t.started_at.clone().unwrap_or_default(),
                     duration_ms: t.duration_ms.unwrap_or(0),
                     tokens: Some(tokens(&t.tokens)),
+                    attempt_models: t.attempt_models.clone(),
                 },
             )
         })
@@ -176,6 +206,7 @@ pub fn rush_status(rush: &RushView<'_>) -> v1::RushStatus {
         max_usd: d.rush.max_usd.unwrap_or(0.0),
         // Measured by the `Status` handler, off the supervisor.
         disk: None,
+        sandbox: Some(sandbox(&rush.sandbox)),
     }
 }
 

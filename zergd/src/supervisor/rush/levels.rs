@@ -86,6 +86,11 @@ impl Rush {
             }),
             git: self.git(),
             gate_image: self.gate_image(),
+            gate_sandbox: crate::sandbox::for_gates(
+                &self.config,
+                &self.paths.repo,
+                &self.doc.feature,
+            ),
             setup: (
                 self.config.worktree.setup.clone(),
                 self.config.worktree.setup_timeout_seconds,
@@ -111,6 +116,11 @@ impl Rush {
             worktree: self.config.worktree.clone(),
             readable_by: crate::supervisor::jobs::gate_reader(self.doc.rush.mode, &self.config),
             gate_image: self.gate_image(),
+            gate_sandbox: crate::sandbox::for_gates(
+                &self.config,
+                &self.paths.repo,
+                &self.doc.feature,
+            ),
             log_dir: self.paths.log_dir.clone(),
             identity: self.config.git.identity.clone(),
             gates_only,

@@ -4,6 +4,27 @@
 use super::*;
 
 impl Rush {
+    /// Says once what confines the workers (`sandbox`), and warns when nothing does.
+    pub(super) fn sandbox_event(&mut self, wall: SystemTime) {
+        if self.doc.rush.mode != Mode::Subprocess {
+            return;
+        }
+        let line = self.sandbox.summary();
+        let level = if self.sandbox.confined() {
+            Level::Info
+        } else {
+            Level::Warn
+        };
+        self.event(
+            wall,
+            Source::Orchestrator,
+            level,
+            "sandbox",
+            format!("Sandbox {line}"),
+            json!({"confined": self.sandbox.confined(), "mode": self.config.sandbox.mode.as_str(), "summary": line}),
+        );
+    }
+
     /// Starts (or resumes) execution once the worktrees exist.
     pub fn start(&mut self, now: Instant, wall: SystemTime, fx: &mut Effects) {
         self.set_state(RushState::Running, "");
@@ -29,6 +50,7 @@ impl Rush {
             ),
             json!({"workers": self.doc.rush.workers, "total_tasks": self.graph.tasks.len()}),
         );
+        self.sandbox_event(wall);
         self.next_reconcile = now + self.reconcile_interval();
         match level {
             Some(l) => self.start_level(l, wall),

@@ -123,6 +123,9 @@ pub struct MergeJob {
     /// filled per gate) in a container rush with `gates.run_on: worker-image`; `None` on the
     /// host.
     pub gate_image: Option<zerg_launch::gate::GateContainer>,
+    /// How the gates that run on the host (and the setup before them) are confined; `None`
+    /// runs them as zergd's user.
+    pub gate_sandbox: Option<crate::sandbox::GateSandbox>,
     /// `worktree.setup` and its time limit, run in the staging worktree before gates that run
     /// on the host.
     pub setup: (Vec<String>, Duration),
@@ -374,6 +377,13 @@ pub struct Rush {
     pub git: std::sync::OnceLock<zerg_git::Repo>,
     /// Set when the rush stops: a gate running in a container for it is killed and removed.
     pub gates_stop: tokio::sync::watch::Sender<bool>,
+    /// How its subprocess workers and host gates are confined (decided when the rush is made
+    /// or loaded, from `sandbox.mode` and what the machine allows).
+    pub sandbox: zerg_sandbox::Enforcement,
+    /// The hosts and paths the config adds to the sandbox's policy.
+    pub egress: zerg_sandbox::Extra,
+    /// The policy of the rush's last spawned confined worker (written by the spawn job).
+    pub policy: Arc<std::sync::Mutex<Option<zerg_sandbox::Policy>>>,
 }
 
 // === Construction and small helpers ===
@@ -415,6 +425,18 @@ impl Rush {
             total_levels: self.graph.max_level(),
             escalations: &self.escalations,
             ended: self.is_terminal(),
+            sandbox: crate::calls::SandboxView {
+                mode: self.config.sandbox.mode.as_str(),
+                enforcement: self.sandbox.clone(),
+                policy: self
+                    .policy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+                allow_hosts: self.egress.allow_hosts.clone(),
+                setup_allow_hosts: self.egress.setup_allow_hosts.clone(),
+                egress_refused: self.doc.rush.egress_refused,
+            },
         }
     }
 
@@ -432,6 +454,8 @@ impl Rush {
             doc.rush.journal_seq,
         );
 
+        let sandbox = crate::sandbox::decide(&config, doc.rush.mode);
+        let egress = crate::sandbox::extra(&config);
         let mut rush = Rush {
             journal,
             notified_state: doc.rush.state,
@@ -455,11 +479,25 @@ impl Rush {
             symbols: None,
             indexing: false,
             gates_stop: tokio::sync::watch::channel(false).0,
+            sandbox,
+            egress,
+            policy: Arc::default(),
         };
         rush.shape.extend(&rush.graph, 0);
         // Resolution tasks are not in the spec's graph: they come back from the state.
         rush.restore_resolutions();
         rush
+    }
+
+    /// Whether the rush's workers run in the sandbox (subprocess mode, with namespaces).
+    pub fn confined(&self) -> bool {
+        self.doc.rush.mode == Mode::Subprocess && self.sandbox.confined()
+    }
+
+    /// Whether a worker's objects come from a private git dir that zergd imports (container
+    /// mode, and confined subprocess workers), rather than written into the repository.
+    pub fn private_git(&self) -> bool {
+        self.doc.rush.mode == Mode::Container || self.confined()
     }
 
     /// Adds tasks to the graph (resolution tasks), indexed.

@@ -53,6 +53,7 @@ impl Rush {
             ),
             json!({}),
         );
+        self.sandbox_event(wall);
         let mut out = Readoption::default();
         let workers = self.recorded_workers(&observed.discovered);
         for d in &observed.discovered {

@@ -23,6 +23,17 @@ impl Rush {
         );
     }
 
+    /// Keeps what the next attempt of `t` is told of this one: `head` (how it failed) and the
+    /// end of `context` (output tails, the agent's last message), at most
+    /// `agent.retry_context_bytes` in all, cut at a character boundary.
+    pub(super) fn note_attempt(&mut self, t: &str, head: &str, context: &str) {
+        let cap = usize::try_from(self.config.agent.retry_context_bytes.0).unwrap_or(usize::MAX);
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return;
+        };
+        ts.previous_attempt = Some(bounded_note(head, context, cap));
+    }
+
     /// The worker holding a task died: requeue at once without counting an attempt (FR-5).
     pub(super) fn crash_task(&mut self, t: &str, w: u32, why: &str, wall: SystemTime) {
         let cap = self.config.workers.max_respawn_attempts.max(3);
@@ -42,6 +53,12 @@ impl Rush {
             );
             return;
         }
+        let attempt = self.doc.tasks.get(t).map_or(1, |ts| ts.retry_count + 1);
+        self.note_attempt(
+            t,
+            &format!("Attempt {attempt} did not finish: its worker went away ({why}). This attempt is not counted; start again from the task."),
+            "",
+        );
         self.requeue(t, "worker_crash", wall);
         self.event(
             wall,
@@ -59,9 +76,12 @@ impl Rush {
         t: &str,
         w: u32,
         why: &str,
+        context: &str,
         now: Instant,
         wall: SystemTime,
     ) {
+        let attempt = self.doc.tasks.get(t).map_or(1, |ts| ts.retry_count + 1);
+        self.note_attempt(t, &format!("Attempt {attempt} failed: {why}"), context);
         let max = if self.is_resolution(t) {
             self.config.merge.resolve_attempts.saturating_sub(1)
         } else {
@@ -208,5 +228,43 @@ impl Rush {
                 json!({"task_id": t, "blocked": blocked}),
             );
         }
+    }
+}
+
+/// `head`, then as much of the end of `context` as fits, in at most `cap` bytes.
+fn bounded_note(head: &str, context: &str, cap: usize) -> String {
+    let mut out: String = head.chars().take(cap).collect();
+    while out.len() > cap {
+        out.pop();
+    }
+    let context = context.trim();
+    let room = cap.saturating_sub(out.len() + 2);
+    if !context.is_empty() && room > 0 {
+        let mut from = context.len().saturating_sub(room);
+        while !context.is_char_boundary(from) {
+            from += 1;
+        }
+        out.push_str("\n\n");
+        out.push_str(&context[from..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod note_tests {
+    use super::bounded_note;
+
+    #[test]
+    fn a_note_keeps_its_head_and_the_end_of_its_context_within_the_cap() {
+        let n = bounded_note(
+            "Attempt 1 failed: tier 2",
+            "line one\nline two\nTOKEN-é",
+            40,
+        );
+        assert!(n.len() <= 40, "{n}");
+        assert!(n.starts_with("Attempt 1 failed: tier 2\n\n"), "{n}");
+        assert!(n.ends_with("TOKEN-é"), "the end is kept: {n}");
+        assert_eq!(bounded_note("head", "", 100), "head");
+        assert!(bounded_note(&"x".repeat(50), "ctx", 10).len() <= 10);
     }
 }

@@ -286,7 +286,17 @@ impl Rush {
             if let Some(ws) = self.doc.workers.get_mut(&w.to_string()) {
                 ws.current_task = None;
             }
-            self.fail_attempt(&t, w, "timeout: no progress from the agent", now, wall);
+            self.fail_attempt(
+                &t,
+                w,
+                "timeout: no progress from the agent",
+                &format!(
+                    "The agent printed nothing for {} s, so zergd stopped it (workers.task_stale_timeout_seconds). Work in smaller steps that show progress.",
+                    self.config.workers.task_stale_timeout_seconds.as_secs()
+                ),
+                now,
+                wall,
+            );
             self.kill_worker(w, true, fx);
         }
     }

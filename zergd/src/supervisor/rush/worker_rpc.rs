@@ -2,6 +2,7 @@
 //! escalations, and the checks of who is calling and which lease they hold.
 
 use super::*;
+use crate::calls::EgressReport;
 
 /// Unresolved escalations kept per task, and per rush.
 const MAX_ESCALATIONS_PER_TASK: usize = 10;
@@ -93,12 +94,14 @@ impl Rush {
             )));
         }
         let w = r.worker;
+        // A pid from inside a container (or a sandbox's pid namespace) means nothing on the
+        // host: never signal it.
+        let host_pid = self.doc.rush.mode == Mode::Subprocess && !self.confined();
         let rt = self.rt_workers.entry(w).or_default();
         let reconnect = rt.reconnect_by.take().is_some();
         rt.registered = true;
         rt.last_hb = Some(now);
-        // A pid from inside a container means nothing on the host: never signal it.
-        if rt.spawned.is_none() && self.doc.rush.mode == Mode::Subprocess {
+        if rt.spawned.is_none() && host_pid {
             rt.spawned = Some(Spawned {
                 pid: Some(req.pid),
                 start_time: crate::launcher::subprocess::proc_start_time(req.pid),
@@ -335,6 +338,25 @@ impl Rush {
         ts.base_commit = Some(base.clone());
         let attempt = ts.retry_count + 1;
         let resume_from = ts.resume_from.clone();
+        let previous_attempt = ts.previous_attempt.clone().unwrap_or_default();
+        // The model of this attempt (`agent.models`), recorded with the attempt.
+        let model = self.config.agent.model_for(attempt).map(str::to_string);
+        let agent_args = model
+            .as_deref()
+            .map(|m| self.config.agent.model_args(m))
+            .unwrap_or_default();
+        if let Some(m) = &model {
+            crate::metrics::METRICS.attempt_on(m);
+        }
+        if let Some(ts) = self.doc.tasks.get_mut(task_id) {
+            let n = attempt.saturating_sub(1) as usize;
+            ts.attempt_models.truncate(n);
+            ts.attempt_models.resize(n, String::new());
+            ts.attempt_models.push(model.unwrap_or_default());
+            if ts.attempt_models.iter().all(String::is_empty) {
+                ts.attempt_models.clear();
+            }
+        }
         self.rt_tasks.insert(
             task_id.to_string(),
             TaskRt {
@@ -377,6 +399,8 @@ impl Rush {
             attempt,
             acceptance_criteria: t.acceptance_criteria.clone(),
             relevant_symbols,
+            previous_attempt,
+            agent_args,
         }
     }
 
@@ -498,7 +522,8 @@ impl Rush {
             branch: worker_branch(self.feature(), r.worker),
             base: ts.base_commit.clone().unwrap_or_default(),
             protected: format!(".gsd/specs/{}", self.feature()),
-            container: (self.doc.rush.mode == Mode::Container)
+            container: self
+                .private_git()
                 .then(|| crate::git::import_limits(&self.config.container)),
             feature: self.feature().to_string(),
             task: task_id.to_string(),
@@ -531,6 +556,70 @@ impl Rush {
         Ok(())
     }
 
+    /// The hosts a confined worker's connection may reach (`setup`: made by a
+    /// `worktree.setup` command, which may reach `sandbox.setup_allow_hosts` too). A rush whose
+    /// workers are not confined has no proxy.
+    pub fn egress_allow(&self, setup: bool) -> Result<(Vec<String>, Vec<String>), SupervisorError> {
+        let container_egress = self.doc.rush.mode == Mode::Container
+            && matches!(self.config.container.network.trim(), "" | "none");
+        if !self.confined() && !container_egress {
+            return Err(SupervisorError::failed_precondition(
+                "this rush's workers have a network of their own: it has no egress proxy",
+            ));
+        }
+        let setup_hosts = if setup {
+            self.egress.setup_allow_hosts.clone()
+        } else {
+            Vec::new()
+        };
+        Ok((self.egress.allow_hosts.clone(), setup_hosts))
+    }
+
+    /// The egress proxy refused a connection of worker `r` (or let a setup command through to
+    /// a host only `sandbox.setup_allow_hosts` names): an event naming the host, the worker
+    /// and its task, counted for `status` and `/metrics`.
+    pub fn egress_seen(&mut self, r: &Caller, report: &EgressReport, wall: SystemTime) {
+        let w = r.worker;
+        let task = self
+            .doc
+            .workers
+            .get(&w.to_string())
+            .and_then(|ws| ws.current_task.clone());
+        let host = report.host.as_str();
+        let by = if report.setup {
+            "a worktree.setup command of worker"
+        } else {
+            "worker"
+        };
+        let on = task
+            .as_deref()
+            .map(|t| format!(" (task {t})"))
+            .unwrap_or_default();
+        if report.refused {
+            self.doc.rush.egress_refused += 1;
+            crate::metrics::METRICS.egress_refused();
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Warn,
+                "egress_refused",
+                format!(
+                    "The sandbox refused {by} {w}{on} a connection to {host}: not in sandbox.allow_hosts"
+                ),
+                json!({"host": host, "worker_id": w, "task_id": task, "setup": report.setup}),
+            );
+        } else {
+            self.event(
+                wall,
+                Source::Worker(w),
+                Level::Info,
+                "egress_setup",
+                format!("{by} {w} reached {host} (sandbox.setup_allow_hosts)"),
+                json!({"host": host, "worker_id": w, "setup": true}),
+            );
+        }
+    }
+
     /// A reported commit failed zergd's checks: the attempt fails (and is retried with
     /// backoff, up to the retry limit) and the worker is told its lease is over.
     pub fn refuse_commit(
@@ -560,7 +649,7 @@ impl Rush {
             format!("Worker {w} reported a commit for {task_id} that zergd refused: {why}"),
             json!({"task_id": task_id, "worker_id": w, "reason": why}),
         );
-        self.fail_attempt(task_id, w, &format!("commit refused: {why}"), now, wall);
+        self.fail_attempt(task_id, w, &format!("commit refused: {why}"), "", now, wall);
         self.check_level_done(now, wall, fx);
         self.dispatch(now, wall, fx);
         SupervisorError::failed_precondition(format!("commit refused: {why}"))
@@ -785,7 +874,14 @@ impl Rush {
             }
             _ => {
                 let kind = kind.map(FailKind::as_str).unwrap_or("failed");
-                self.fail_attempt(&t, w, &format!("{kind}: {}", req.message), now, wall);
+                self.fail_attempt(
+                    &t,
+                    w,
+                    &format!("{kind}: {}", req.message),
+                    &req.context,
+                    now,
+                    wall,
+                );
             }
         }
         self.check_level_done(now, wall, fx);
