@@ -255,7 +255,10 @@ impl Config {
 
     /// The fake agent CLI (`fake-claude --print --dangerously-skip-permissions`), a 120 s agent
     /// timeout and `FAKE_CLAUDE_*` passed through to it: what [`TestRepo::write_config`] starts
-    /// from.
+    /// from. `sandbox.mode` is `off`: these tests' scripts meet at files in the test's own temp
+    /// dirs and watch the workers' processes from the host, which the sandbox keeps apart. The
+    /// sandbox's own tests (`e2e/sandbox.rs`), the real-CLI tests and the demo run with zergd's
+    /// default, `auto`.
     pub fn fake_agent() -> Config {
         Config::new()
             .agent_command(&[
@@ -265,6 +268,7 @@ impl Config {
             ])
             .set("agent.timeout_seconds", 120)
             .set("agent.env_passthrough", ["FAKE_CLAUDE_*"])
+            .set("sandbox.mode", "off")
     }
 
     /// With [`FAST_WORKERS`]' resilience settings.
@@ -344,7 +348,7 @@ impl Config {
     }
 
     /// Merges a YAML document of settings in, key by key (sections recursively).
-    fn merge_yaml(mut self, yaml: &str) -> Config {
+    pub fn merge_yaml(mut self, yaml: &str) -> Config {
         fn merge(into: &mut Value, from: Value) {
             match (into, from) {
                 (Value::Object(a), Value::Object(b)) => {

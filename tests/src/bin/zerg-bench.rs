@@ -160,6 +160,8 @@ fn main() {
     if want("throughput") {
         let keys: &[&'static str] = &[
             "throughput_tasks_per_s",
+            "throughput_sandboxed_tasks_per_s",
+            "sandboxed_over_unconfined_throughput",
             "zerg_cpu_ms_per_task",
             "zergd_write_syscall_bytes_per_event",
             "zergd_peak_rss_mb_throughput",
@@ -175,7 +177,17 @@ fn main() {
                 })
                 .transpose()?;
             settle();
-            let mut m = throughput(&opts)?;
+            let mut m = throughput(&opts, false)?;
+            // The same rush with every worker in the sandbox, right after: the ratio is between
+            // figures taken at the same time.
+            settle();
+            let confined = throughput(&opts, true)?;
+            let s = confined["throughput_tasks_per_s"];
+            m.insert("throughput_sandboxed_tasks_per_s", s);
+            m.insert(
+                "sandboxed_over_unconfined_throughput",
+                s / m["throughput_tasks_per_s"],
+            );
             if let Some(g) = limit {
                 let ratio = m["throughput_tasks_per_s"] / g;
                 m.insert("git_commit_limit_per_s", g);
@@ -188,6 +200,13 @@ fn main() {
                 record(&mut results, k, v.clone());
             }
         }
+    }
+    if want("throughput") {
+        record(
+            &mut results,
+            "sandbox_spawn_ms",
+            runs(&opts, sandbox_spawn_ms),
+        );
     }
     if want("processes") {
         let p = processes(&opts);
@@ -436,11 +455,15 @@ fn demo_script() -> Value {
 }
 
 /// The demo's repository: the 12-task graph as feature `demo`, the bench's workers config and
-/// [`demo_script`].
+/// [`demo_script`], with zergd's default sandbox (`auto`), as `zergctl demo` runs.
 fn demo_repo() -> TestRepo {
     let repo = TestRepo::new();
     repo.write_graph("demo", &graph_12("demo"));
-    repo.write_config(BENCH_WORKERS);
+    repo.configure(
+        &Config::fake_agent()
+            .merge_yaml(BENCH_WORKERS)
+            .set("sandbox.mode", "auto"),
+    );
     repo.write_script("demo", &demo_script());
     repo
 }
@@ -458,9 +481,61 @@ fn demo(_: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
     ]))
 }
 
+/// How long a sandboxed spawn takes: bubblewrap with a worker's policy (the system, the
+/// toolchains, a worktree, private git dir, home and `/tmp`) running `true`, in milliseconds;
+/// the median of 20.
+fn sandbox_spawn_ms() -> Result<f64, String> {
+    let bwrap = zerg_sandbox::bwrap::find_on_path("bwrap").ok_or("bubblewrap is not installed")?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let p = |s: &str| {
+        let d = dir.path().join(s);
+        std::fs::create_dir_all(&d).map(|_| d)
+    };
+    let err = |e: std::io::Error| e.to_string();
+    let layout = zerg_sandbox::WorkerLayout {
+        worktree: p("repo/wt").map_err(err)?,
+        git_dir: zerg_sandbox::Bind {
+            from: p("repo/.git/zerg/f/worker-0").map_err(err)?,
+            to: p("repo/.git").map_err(err)?,
+        },
+        objects: p("repo/.git/objects").map_err(err)?,
+        home: zerg_sandbox::Bind {
+            from: p("repo/.git/zerg/f/home-0").map_err(err)?,
+            to: p("home").map_err(err)?,
+        },
+        tmp: p("repo/.git/zerg/f/tmp-0").map_err(err)?,
+        spec: zerg_sandbox::Bind {
+            from: p("spec").map_err(err)?,
+            to: p("repo/wt/.gsd/specs/f").map_err(err)?,
+        },
+        plane_dir: p("run/w/0").map_err(err)?,
+        logs: vec![p("repo/.zerg/logs/tasks").map_err(err)?],
+        programs: vec![bin_dir()],
+        hidden: vec![dir.path().join("repo")],
+    };
+    let policy =
+        zerg_sandbox::Policy::worker(&layout, &zerg_sandbox::Host::current(), &Default::default());
+    let args = zerg_sandbox::bwrap::args(&policy, Path::new("/bin/true"), &[]);
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let st = Command::new(&bwrap)
+            .args(&args)
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err(format!("bwrap exited {st}"));
+        }
+        took.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    took.sort_by(f64::total_cmp);
+    Ok(took[took.len() / 2])
+}
+
 /// Many one-file tasks: tasks per second, CPU of zergd and everything it ran (agents, their
-/// git, the stand-in agent CLI) per task, and bytes zergd wrote per event.
-fn throughput(opts: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
+/// git, the stand-in agent CLI) per task, and bytes zergd wrote per event; `confined`: every
+/// worker in the sandbox.
+fn throughput(opts: &Opts, confined: bool) -> Result<BTreeMap<&'static str, f64>, String> {
     let (levels, per, workers) = if opts.quick {
         (5, 40, 8)
     } else {
@@ -469,7 +544,11 @@ fn throughput(opts: &Opts) -> Result<BTreeMap<&'static str, f64>, String> {
     let tasks = f64::from(levels * per);
     let repo = TestRepo::new();
     repo.write_graph("tp", &graph_wide("tp", levels, per));
-    repo.write_config(BENCH_WORKERS);
+    repo.configure(
+        &Config::fake_agent()
+            .merge_yaml(BENCH_WORKERS)
+            .set("sandbox.mode", if confined { "auto" } else { "off" }),
+    );
     repo.write_script("tp", &json!({"default": [{"op": "write_owned"}]}));
     let d = Daemon::start();
     let pid = d.pid() as i32;

@@ -309,7 +309,9 @@ fn design_gives_the_agent_its_graphs_problems_until_it_is_valid_and_the_graph_th
     let said = shown(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     for line in [
-        "round 1: 2 problem(s) in the graph; giving them back to the agent",
+        // B at A's level is relevelled, not given back: only C's missing check is.
+        "relevelled DS-B: level 1 -> 2",
+        "round 1: 1 problem(s) in the graph; giving them back to the agent",
         "relevelled DS-C: level 3 -> 2",
         "3 tasks (level 1: 1, level 2: 2); 3 files created or modified; longest chain (2 tasks): DS-A → DS-B",
     ] {
@@ -321,8 +323,8 @@ fn design_gives_the_agent_its_graphs_problems_until_it_is_valid_and_the_graph_th
     let second = asked.split("=====\n").nth(3).unwrap_or_default();
     assert!(second.contains("A greeting module"), "{second}");
     assert!(
-        second.contains("not lower than this task's level"),
-        "{second}"
+        !second.contains("not lower than this task's level"),
+        "a level a relevel sets is not the agent's problem: {second}"
     );
     assert!(
         second.contains("tasks[2] (DS-C): verification.command: missing"),
@@ -348,4 +350,49 @@ fn design_gives_the_agent_its_graphs_problems_until_it_is_valid_and_the_graph_th
     for f in ["greet/mod.txt", "greet/fmt.txt", "greet/README.txt"] {
         assert!(files.iter().any(|x| x == f), "{f} in {files:?}");
     }
+}
+
+#[test]
+fn design_relevels_a_same_level_dependency_itself_and_succeeds_in_one_round() {
+    let repo = TestRepo::new();
+    let spec = repo.path.join(".gsd/specs/dl");
+    std::fs::create_dir_all(&spec).unwrap();
+    std::fs::write(spec.join("requirements.md"), "# Two steps\n").unwrap();
+    let dir = repo.path.parent().unwrap();
+    // The agent's only fault: B depends on A at A's own level.
+    let graph = json!({"feature": "dl", "tasks": [
+        {"id": "DL-A", "title": "first", "level": 1, "dependencies": [],
+         "files": {"create": ["a.txt"], "modify": [], "read": []},
+         "verification": {"command": "test -f a.txt"}},
+        {"id": "DL-B", "title": "second", "level": 1, "dependencies": ["DL-A"],
+         "files": {"create": ["b.txt"], "modify": [], "read": []},
+         "verification": {"command": "test -f b.txt"}}
+    ]});
+    std::fs::write(dir.join("dl.json"), graph.to_string()).unwrap();
+    let runs = dir.join("runs");
+    let agent = dir.join("dl-agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "echo run >> '{r}'\nmkdir -p .gsd/specs/dl\ncp '{d}/dl.json' .gsd/specs/dl/task-graph.json\n",
+            r = runs.display(),
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    repo.configure(&Config::new().agent_command(&["sh", &agent.to_string_lossy()]));
+    let d = Daemon::start();
+    let out = d.ctl_in(&repo.path, &["design", "dl"]);
+    let said = shown(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("relevelled DL-B: level 1 -> 2"), "{said}");
+    assert!(!said.contains("problem(s)"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        1,
+        "one agent round: {said}"
+    );
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(spec.join("task-graph.json")).unwrap()).unwrap();
+    assert_eq!(written["tasks"][1]["level"], 2);
 }

@@ -166,13 +166,18 @@ fn twelve_tasks_three_levels_three_workers_complete_on_staging() {
     assert_eq!(state["format_version"], 2);
     assert_eq!(state["tasks"]["G-L2-001"]["level"], 2);
     assert_eq!(state["tasks"]["G-L2-001"]["status"], "complete");
-    // Compatible heartbeat and progress files.
-    let hb: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(repo.path.join(".zerg/state/heartbeat-0.json")).unwrap(),
-    )
-    .unwrap();
+    // Compatible heartbeat and progress files. zergd writes them at most every 500 ms, so a
+    // rush this short can end before the last ones land.
+    let hb_file = repo.path.join(".zerg/state/heartbeat-0.json");
+    wait_until(Duration::from_secs(10), "heartbeat-0.json", || {
+        hb_file.exists()
+    });
+    let hb: serde_json::Value = serde_json::from_slice(&std::fs::read(&hb_file).unwrap()).unwrap();
     assert!(hb["timestamp"].is_string() && hb["step"].is_string());
-    assert!(repo.path.join(".zerg/state/progress-0.json").exists());
+    let progress = repo.path.join(".zerg/state/progress-0.json");
+    wait_until(Duration::from_secs(10), "progress-0.json", || {
+        progress.exists()
+    });
     // Workers are gone and worktrees removed after a complete rush.
     for pid in worker_pids(&st) {
         wait_until(T, &format!("worker {pid} to exit after the rush"), || {

@@ -1,11 +1,15 @@
 //! The web dashboard (`zergd --http`) in a real headless Chromium against a live rush: every
 //! task of the graph drawn, a task's colour changing when it completes, Stop pressed on the page
 //! stopping the rush; `/metrics` read by Prometheus's own text parser (the Python client's),
-//! its values matching the rush's status; and who may call it: loopback host names only, JSON
-//! actions only from the dashboard's own page, a token on any other address.
+//! its values matching the rush's status; and who may call it: zergd's owner only (another
+//! local user gets 401 everywhere but the page shell), loopback host names only, JSON actions
+//! only from the dashboard's own page; and what a request may cost: a path that would block
+//! is never opened, a log answer is bounded in bytes, floods of connections and held event
+//! streams delay nobody.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,8 +25,46 @@ fn shots() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/dashboard"))
 }
 
-/// The dashboard's address, from zergd's log (`--http 127.0.0.1:0` picks a port).
+/// The dashboards' tokens by address, read from `dashboard.json` beside each zergd's socket.
+static TOKENS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// The token zergd wrote for its dashboard (`dashboard.json`, beside the control socket).
+fn door_file(d: &Daemon) -> Value {
+    let path = d.socket.parent().unwrap().join("dashboard.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The dashboard's address, from zergd's log (`--http 127.0.0.1:0` picks a port); requests to
+/// it through [`http`] carry its token from then on.
 fn dashboard_addr(d: &Daemon) -> String {
+    let addr = dashboard_addr_only(d);
+    let token = door_file(d)["token"].as_str().unwrap().to_string();
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let mut t = TOKENS.lock().unwrap();
+    t.push((addr.clone(), token.clone()));
+    t.push((format!("127.0.0.1:{port}"), token));
+    addr
+}
+
+fn token_of(addr: &str) -> Option<String> {
+    TOKENS
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(a, _)| a == addr)
+        .map(|(_, t)| t.clone())
+}
+
+/// A one-time login address from `zergctl dashboard`.
+fn login_url(d: &Daemon) -> String {
+    let out = d.ctl(&["dashboard"]);
+    assert!(out.status.success(), "{}", said(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn dashboard_addr_only(d: &Daemon) -> String {
     let mut found = None;
     poll(Duration::from_secs(10), || {
         found = d
@@ -50,7 +92,20 @@ fn http(
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         req.push_str(&format!("Host: {addr}\r\n"));
     }
-    for (k, v) in headers {
+    // The owner's token, unless the caller speaks for someone else (`X-Anonymous`) or sends
+    // its own credentials.
+    let anonymous = headers.iter().any(|(k, _)| {
+        k.eq_ignore_ascii_case("x-anonymous")
+            || k.eq_ignore_ascii_case("authorization")
+            || k.eq_ignore_ascii_case("cookie")
+    });
+    if !anonymous && let Some(t) = token_of(addr) {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("x-anonymous"))
+    {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
@@ -212,8 +267,13 @@ fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
     );
     let repo_path = st["repo"].as_str().unwrap().to_string();
 
-    // The page, in a real browser.
-    b.goto(&format!("http://{addr}/")).unwrap();
+    // The page, in a real browser, opened as `zergctl dashboard` says.
+    let login = login_url(&d);
+    assert!(
+        login.starts_with(&format!("http://{addr}/?login=")),
+        "{login}"
+    );
+    b.goto(&login).unwrap();
     let drawn = b
         .wait_for(
             "(() => { const ids = [...document.querySelectorAll('#graph [data-task]')].map(e => e.dataset.task).sort(); return ids.length === 12 ? ids : null; })()",
@@ -491,10 +551,16 @@ fn the_dashboard_answers_only_its_own_page_and_a_token_guards_any_other_address(
         .start();
     let port = dashboard_addr(&d).rsplit(':').next().unwrap().to_string();
     let addr = format!("127.0.0.1:{port}");
+    assert_eq!(
+        door_file(&d)["token"],
+        token,
+        "ZERG_HTTP_TOKEN is the token"
+    );
+    let (code, _, _) = http(&addr, "GET", "/api/info", &[("X-Anonymous", "1")], "");
+    assert_eq!(code, 401);
     let info = get_json(&addr, "/api/info");
-    assert_eq!(info["token_required"], true);
     assert_eq!(info["loopback"], false);
-    let (code, _, _) = http(&addr, "GET", "/metrics", &[], "");
+    let (code, _, _) = http(&addr, "GET", "/metrics", &[("X-Anonymous", "1")], "");
     assert_eq!(code, 401);
     let (code, _, _) = http(
         &addr,
@@ -512,15 +578,404 @@ fn the_dashboard_answers_only_its_own_page_and_a_token_guards_any_other_address(
         "",
     );
     assert_eq!(code, 200, "{body}");
-    let (code, _, _) = http(&addr, "GET", &format!("/api/rushes?token={token}"), &[], "");
-    assert_eq!(code, 200);
-    // The page tells the reader the token is needed, in a real browser.
+    // The token is never taken from an API address (it would sit in logs and history).
+    let (code, _, _) = http(
+        &addr,
+        "GET",
+        &format!("/api/rushes?token={token}"),
+        &[("X-Anonymous", "1")],
+        "",
+    );
+    assert_eq!(code, 401);
+    // The page asks for the token, in a real browser, and trades it for a session.
     b.goto(&format!("http://{addr}/")).unwrap();
+    b.wait_for(
+        "!document.getElementById('token-form').hidden",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    b.eval(&format!(
+        "document.getElementById('token-input').value = '{token}'; document.querySelector('#token-form button').click(); true"
+    ))
+    .unwrap();
     let banner = b
         .wait_for(
-            "document.getElementById('banner').textContent.includes('token') && document.getElementById('banner').textContent",
+            "document.getElementById('banner').textContent.includes('owner') && document.getElementById('banner').textContent",
             Duration::from_secs(30),
         )
         .unwrap();
     assert!(banner.as_str().unwrap().contains("network"), "{banner}");
+}
+
+/// `cmd` run as uid `nobody` (needs root to switch), its stdout.
+fn as_nobody(cmd: &[&str]) -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        skip("switching to uid nobody needs root");
+        return None;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(cmd)
+        .output()
+        .expect("setpriv (util-linux)");
+    Some(String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// A rush of [`graph_12`] run to its end, for the requests below to name.
+fn ended_rush(d: &Daemon, feature: &str) -> (TestRepo, Value) {
+    let repo = TestRepo::new();
+    repo.configure(&Config::fake_agent().fast_workers());
+    repo.write_graph(feature, &graph_12(feature));
+    succeeded(&d.ctl_in(&repo.path, &["rush", feature, "--workers", "2"]));
+    let st = d.wait_end(&repo.path, feature, Duration::from_secs(120));
+    assert_eq!(st["state"], "complete", "{st}");
+    (repo, st)
+}
+
+#[test]
+fn another_local_user_gets_only_the_page_shell_and_the_owner_logs_in_once() {
+    let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
+    let addr = dashboard_addr(&d);
+    let (_repo, st) = ended_rush(&d, "door");
+    let repo_path = st["repo"].as_str().unwrap().to_string();
+    let curl = |method: &str, path: &str| {
+        let url = format!("http://{addr}{path}");
+        as_nobody(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            method,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &format!(r#"{{"repo":"{repo_path}","feature":"door"}}"#),
+            &url,
+        ])
+    };
+    let Some(page) = curl("GET", "/") else { return };
+    assert_eq!(page, "200", "the page shell is open");
+    for (m, p) in [
+        ("GET", "/api/rushes".to_string()),
+        ("GET", "/api/info".to_string()),
+        ("GET", "/metrics".to_string()),
+        (
+            "GET",
+            format!("/api/rush?repo={}&feature=door", q(&repo_path)),
+        ),
+        (
+            "GET",
+            format!("/api/log?repo={}&feature=door&task=G-L1-001", q(&repo_path)),
+        ),
+        (
+            "GET",
+            format!("/api/watch?repo={}&feature=door", q(&repo_path)),
+        ),
+        ("POST", "/api/stop".to_string()),
+        ("POST", "/api/retry".to_string()),
+    ] {
+        assert_eq!(curl(m, &p).unwrap(), "401", "{m} {p} as another user");
+    }
+    // Nor can that user read the token.
+    let file = d.socket.parent().unwrap().join("dashboard.json");
+    let read = as_nobody(&["cat", &file.to_string_lossy()]).unwrap();
+    assert!(
+        !read.contains(door_file(&d)["token"].as_str().unwrap()),
+        "{read}"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // The owner: `zergctl dashboard`'s address logs in once, for a cookie the page cannot read.
+    let login = login_url(&d);
+    let path = login.trim_start_matches(&format!("http://{addr}"));
+    let (code, head, _) = http(&addr, "GET", path, &[("X-Anonymous", "1")], "");
+    assert_eq!(code, 303, "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("location: /\r\n"), "{head}");
+    assert!(
+        lower.contains("httponly") && lower.contains("samesite=strict"),
+        "{head}"
+    );
+    let cookie = head
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.split(';').next().unwrap().trim().to_string())
+        .unwrap();
+    let (code, _, body) = http(&addr, "GET", "/api/rushes", &[("Cookie", &cookie)], "");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"door\""), "{body}");
+    // The same address again is spent.
+    let (code, head, _) = http(&addr, "GET", path, &[("X-Anonymous", "1")], "");
+    assert_eq!(code, 303);
+    assert!(
+        head.contains("/?expired=1") && !head.to_ascii_lowercase().contains("set-cookie"),
+        "{head}"
+    );
+    let (code, _, _) = http(
+        &addr,
+        "GET",
+        "/api/rushes",
+        &[("Cookie", "zerg_session_1=forged")],
+        "",
+    );
+    assert_eq!(code, 401);
+    // Two Host headers: refused.
+    let (code, _, _) = http(
+        &addr,
+        "GET",
+        "/api/rushes",
+        &[("Host", &addr), ("Host", "attacker.example")],
+        "",
+    );
+    assert_eq!(code, 400);
+}
+
+#[test]
+fn a_request_naming_a_repository_behind_a_fifo_leaves_status_answering() {
+    let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
+    let addr = dashboard_addr(&d);
+    let (repo, _) = ended_rush(&d, "fifo");
+    // A directory whose .git/HEAD is a FIFO with no writer: opening it blocks.
+    let trap = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(trap.path().join(".git")).unwrap();
+    nix::unistd::mkfifo(
+        &trap.path().join(".git/HEAD"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let trap_s = trap.path().to_string_lossy().to_string();
+    let asked: Vec<_> = (0..3)
+        .map(|_| {
+            let (addr, trap_s) = (addr.clone(), trap_s.clone());
+            std::thread::spawn(move || {
+                http(
+                    &addr,
+                    "GET",
+                    &format!("/api/rush?repo={}&feature=x", q(&trap_s)),
+                    &[],
+                    "",
+                )
+            })
+        })
+        .collect();
+    // Meanwhile zergctl status answers, three times, each in its usual way.
+    for _ in 0..3 {
+        let out = d.ctl_in(&repo.path, &["status", "fifo", "--json"]);
+        assert!(out.status.success(), "{}", said(&out));
+    }
+    for a in asked {
+        let (code, _, body) = a.join().unwrap();
+        assert_eq!(code, 404, "a rush zergd has not registered: {body}");
+    }
+    // The control plane finds repositories off the supervisor, and refuses this one.
+    let out = d.ctl(&["status", "x", "--repo", &trap_s]);
+    assert!(!out.status.success());
+    assert!(said(&out).contains("not a regular file"), "{}", said(&out));
+    assert!(d.ctl_in(&repo.path, &["status", "fifo"]).status.success());
+}
+
+#[test]
+fn big_log_files_full_of_control_bytes_cost_zergd_little_to_answer_four_readers_at_once() {
+    let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
+    let addr = dashboard_addr(&d);
+    let (repo, st) = ended_rush(&d, "logs");
+    let repo_path = st["repo"].as_str().unwrap().to_string();
+    // What a hostile worker can leave: 20 files of 8.5 MiB, long lines of control bytes.
+    let dir = repo.path.join(".zerg/logs/tasks/G-L1-001");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut line: Vec<u8> = (0..(1 << 20)).map(|i| [1u8, 2, 27, 7][i % 4]).collect();
+    line.push(b'\n');
+    let file: Vec<u8> = line.iter().copied().cycle().take(17 << 19).collect();
+    for i in 0..20 {
+        std::fs::write(dir.join(format!("artifact-{i:02}.log")), &file).unwrap();
+    }
+    let before = procfs::mem_kib(d.pid() as i32).unwrap().1;
+    let path = format!(
+        "/api/log?repo={}&feature=logs&task=G-L1-001&tail=5000",
+        q(&repo_path)
+    );
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, path) = (addr.clone(), path.clone());
+            std::thread::spawn(move || http(&addr, "GET", &path, &[], ""))
+        })
+        .collect();
+    for r in readers {
+        let (code, _, body) = r.join().unwrap();
+        assert_eq!(code, 200);
+        assert!(body.len() <= (1 << 20) + (64 << 10), "{} bytes", body.len());
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let files = v["files"].as_array().unwrap();
+        assert!(
+            files.iter().any(|f| f["truncated"] == true),
+            "the caps cut the answer: {}",
+            &body[..body.len().min(400)]
+        );
+    }
+    let peak = procfs::mem_kib(d.pid() as i32).unwrap().1;
+    assert!(
+        peak < 64 << 10,
+        "zergd's peak RSS went from {before} KiB to {peak} KiB"
+    );
+}
+
+#[test]
+fn a_flood_of_slow_connections_and_held_event_streams_delay_no_owner_request() {
+    let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
+    let addr = dashboard_addr(&d);
+    // A running rush (its first task waits), so that its event streams stay open.
+    let repo = TestRepo::new();
+    repo.configure(&Config::fake_agent().fast_workers());
+    repo.write_graph("flood", &graph_12("flood"));
+    let release = repo.path.parent().unwrap().join("release");
+    repo.write_script(
+        "flood",
+        &json!({"tasks": {"G-L1-001": [{"op": "wait_for_file", "path": release, "timeout_ms": 120_000}, {"op": "write_owned"}]}}),
+    );
+    succeeded(&d.ctl_in(&repo.path, &["rush", "flood", "--workers", "2", "--detach"]));
+    let st = d.wait_for(
+        &repo.path,
+        "flood",
+        Duration::from_secs(60),
+        "a task running",
+        |s| s["tasks"]["G-L1-001"]["status"] == "in_progress",
+    );
+    let repo_path = st["repo"].as_str().unwrap().to_string();
+    let token = token_of(&addr).unwrap();
+    // 64 held event streams, from the token and from sessions.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..64 {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /api/watch?repo={}&feature=flood HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n",
+            q(&repo_path)
+        )
+        .unwrap();
+        let mut first = [0u8; 12];
+        s.read_exact(&mut first).unwrap();
+        refused += usize::from(first.ends_with(b"429"));
+        held.push(s);
+    }
+    assert!(refused > 0, "one client's streams are capped");
+    // 164 slow tokenless connections that never finish their headers, kept open.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut conns: Vec<TcpStream> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                conns.retain(|c| {
+                    c.peek(&mut [0u8; 1])
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                while conns.len() < 164 {
+                    let Ok(mut c) = TcpStream::connect(&addr) else {
+                        break;
+                    };
+                    let _ = c.write_all(b"GET /api/rushes HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+                    let _ = c.set_nonblocking(true);
+                    conns.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    for path in ["/api/rushes", "/", "/app.js"] {
+        let t = std::time::Instant::now();
+        let (code, _, body) = http(&addr, "GET", path, &[], "");
+        let took = t.elapsed();
+        assert_eq!(code, 200, "{path}: {body}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{path} took {took:?} during the flood"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    drop(held);
+    std::fs::write(&release, "go").unwrap();
+    let st = d.wait_end(&repo.path, "flood", Duration::from_secs(120));
+    assert_eq!(st["state"], "complete");
+}
+
+#[test]
+fn html_and_script_in_every_field_a_worker_or_graph_controls_show_as_text() {
+    let Some(mut b) = browser() else { return };
+    let d = Daemon::builder().env("ZERG_HTTP", "127.0.0.1:0").start();
+    let addr = dashboard_addr(&d);
+    let evil = r#"<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>"#;
+    let repo = TestRepo::new();
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
+    let mut graph: Value = serde_json::from_str(&graph_12("xss")).unwrap();
+    for t in graph["tasks"].as_array_mut().unwrap() {
+        t["title"] = json!(format!("title {evil}"));
+        t["description"] = json!(format!("description {evil}"));
+    }
+    repo.write_graph("xss", &graph.to_string());
+    repo.write_script(
+        "xss",
+        &json!({"default": [{"op": "print", "text": format!("log line {evil}")}, {"op": "write_owned"}],
+                "tasks": {"G-L1-001": [{"op": "print", "text": format!("failure {evil}")}, {"op": "exit", "code": 1}]}}),
+    );
+    let out = d.ctl_in(&repo.path, &["rush", "xss", "--workers", "2"]);
+    let st = d.wait_end(&repo.path, "xss", Duration::from_secs(120));
+    assert_eq!(st["state"], "failed", "{}\n{st}", said(&out));
+    b.goto(&login_url(&d)).unwrap();
+    b.wait_for(
+        "document.querySelectorAll('#rushes [data-rush]').length > 0",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    b.eval("document.querySelector('#rushes [data-rush=\"xss\"]').click(); true")
+        .unwrap();
+    b.wait_for(
+        "document.querySelectorAll('#graph [data-task]').length === 12",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    b.eval("document.querySelector('[data-task=\"G-L1-001\"]').click(); true")
+        .unwrap();
+    let shown = b
+        .wait_for(
+            "document.body.innerText.includes('failure <img') && document.body.innerText",
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(
+        shown.as_str().unwrap().contains("title <img src=x"),
+        "{shown}"
+    );
+    let injected = b
+        .eval("[window.__pwned === undefined, document.querySelectorAll('img[src=x], script:not([src])').length]")
+        .unwrap();
+    assert_eq!(
+        injected,
+        json!([true, 0]),
+        "the fields are text, not markup"
+    );
+    // And were some markup to get in, its inline script would not run: script-src 'self'.
+    let inline = b
+        .eval("(() => { const s = document.createElement('script'); s.textContent = 'window.__inline = 1'; document.head.appendChild(s); return window.__inline === undefined; })()")
+        .unwrap();
+    assert_eq!(
+        inline,
+        json!(true),
+        "inline script is refused by the page's policy"
+    );
+    assert!(addr.contains("127.0.0.1"));
 }

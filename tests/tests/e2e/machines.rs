@@ -336,6 +336,9 @@ fn an_interrupted_demo_leaves_no_process_behind() {
     let mut demo = Command::new(bin("zergctl"))
         .args(["demo", "--workers", "2"])
         .env("PATH", path)
+        // The hanging `tr` reports its pid in a file of the test's: unconfined (no bubblewrap
+        // for the demo's zergd), as the sandbox keeps the agent out of the test's files.
+        .env("ZERG_SANDBOX_BWRAP", "/nonexistent/bwrap")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real zergd, zergctl and zerg-worker-agent binaries, the fake agent
 //! CLI, real git repositories in temp dirs and a real Unix socket.
 
+mod attempts;
 mod behaviours;
 mod chaos;
 mod cli;
@@ -19,4 +20,5 @@ mod machines;
 mod notify;
 mod realcli;
 mod remote;
+mod sandbox;
 mod symbols;

@@ -275,7 +275,7 @@ fn events_limits_what_is_sent_and_a_bad_webhook_is_refused_naming_the_key() {
     assert_eq!(hook.events().len(), 1, "{:#?}", hook.events());
     let desktop = std::fs::read_to_string(&shown).unwrap_or_default();
     assert!(
-        desktop.starts_with("--app-name=zerg|zerg: ne failed|")
+        desktop.starts_with("--app-name=zerg|--|zerg: ne failed|")
             && desktop.contains("of 12 tasks complete"),
         "{desktop}"
     );

@@ -128,6 +128,10 @@ fn the_real_cli_completes_a_rush_and_status_has_its_cost_and_tokens() {
     );
     rush(&d, &repo, "rc", 3);
     let st = complete_once(&d, &repo, "rc", &graph_12_ids());
+    // Under zergd's default sandbox: the workers have no network of their own, so every
+    // request reached the stand-in on 127.0.0.1 through the egress proxy.
+    assert_eq!(st["sandbox"]["confined"], true, "{}", st["sandbox"]);
+    assert_eq!(st["sandbox"]["egress_refused"], 0, "{}", monitor(&repo));
     for (id, t) in st["tasks"].as_object().unwrap() {
         assert!(t["cost_usd"].as_f64().unwrap() > 0.0, "{id}: {t}");
         assert!(
@@ -294,7 +298,9 @@ fn an_unreachable_api_is_not_counted_and_pauses_the_rush_when_every_worker_sees_
 /// The real CLI inside worker containers, logged in with a subscription token from zergd's
 /// environment and pointed at the stand-in through `ANTHROPIC_BASE_URL`: both reach the
 /// containers, the CLI's calls get through, and the rush completes with every Task-ID once.
-/// (The containers share the host's network so that 127.0.0.1 is the stand-in.)
+/// The containers have no network (`container.network: none`, the default): the CLI reaches
+/// the stand-in on the host's 127.0.0.1 only through zergd's egress proxy, over the worker
+/// socket.
 #[test]
 fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
     let Some(claude) = real_claude() else { return };
@@ -319,9 +325,7 @@ fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
         &claude,
         "rcc",
         &graph_12("rcc"),
-        config()
-            .set("container.image", image)
-            .set("container.network", "host"),
+        config().set("container.image", image),
         vec![
             ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-test".to_string()),
             ("ANTHROPIC_BASE_URL", api.url.clone()),

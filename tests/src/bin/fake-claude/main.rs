@@ -277,6 +277,12 @@ enum Op {
     Shell {
         command: String,
     },
+    /// Writes to `path` every word of the prompt that starts with `prefix`, one per line (an
+    /// agent that acts on what its prompt says, such as a retry's failure text).
+    EchoPromptWords {
+        prefix: String,
+        path: String,
+    },
 }
 
 /// How [`Op::RateLimit`] reports the limit.
@@ -706,6 +712,20 @@ impl Ctx {
                 let value = json!({"progress_pct": progress_pct, "next_action": next_action});
                 write_json_atomic(&self.task_dir().join("checkpoint.json"), &value);
             }
+            Op::EchoPromptWords { prefix, path } => {
+                let words: Vec<&str> = self
+                    .prompt
+                    .split(|c: char| c.is_whitespace() || "`'\",.;:()".contains(c))
+                    .filter(|w| w.starts_with(prefix.as_str()) && w.len() > prefix.len())
+                    .collect();
+                let path = self.resolve(path);
+                ensure_parent(&path);
+                let mut text = words.join("\n");
+                text.push('\n');
+                if let Err(e) = fs::write(&path, text) {
+                    fail(format!("cannot write {}: {e}", path.display()));
+                }
+            }
             Op::Touch { path } => {
                 let path = self.resolve(path);
                 ensure_parent(&path);
@@ -798,6 +818,14 @@ fn state_dir(script_path: Option<&Path>) -> PathBuf {
     // Inside a zerg worker the state dir is writable (the spec dir may be a read-only mount).
     if let Some(dir) = std::env::var_os("ZERG_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("fake-claude-state");
+    }
+    // Inside zergd's sandbox the state dir is out of sight; the task logs are shared by the
+    // rush's workers and writable.
+    if let Some(dir) = std::env::var_os("ZERG_LOG_DIR").filter(|d| !d.is_empty()) {
+        let tasks = PathBuf::from(dir).join("tasks");
+        if tasks.is_dir() {
+            return tasks.join(".fake-claude-state");
+        }
     }
     if let Some(parent) = script_path.and_then(Path::parent) {
         let parent = if parent.as_os_str().is_empty() {
