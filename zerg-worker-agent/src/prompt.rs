@@ -65,6 +65,18 @@ pub fn build(task: &v1::Task, spec_context: &str) -> String {
             "\n## Previous attempt\n{previous}\n\nFind out why it failed and fix that; do not repeat it.\n"
         ));
     }
+    let notes: Vec<&str> = task
+        .notes
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if !notes.is_empty() {
+        p.push_str("\n## Notes from the user\nThe user who runs this rush wrote these for this task, oldest first. Where they differ from the task above, follow them.\n");
+        for n in notes {
+            p.push_str(&format!("\n- {}\n", n.replace('\n', "\n  ")));
+        }
+    }
     if !task.resume_from.is_empty() {
         p.push_str("\n## Resuming\nAn earlier attempt checkpointed; its changes are already in the working tree. Continue from there.\n");
     }
@@ -109,6 +121,25 @@ mod tests {
         assert!(p.contains("- parses"));
         assert!(p.contains("Do NOT commit"));
         assert!(p.contains("$ZERG_TASK_DIR/escalation.json"));
+    }
+
+    #[test]
+    fn the_users_notes_follow_the_previous_attempt_oldest_first() {
+        let t = v1::Task {
+            id: "T1".into(),
+            title: "t".into(),
+            previous_attempt: "Attempt 1 failed: tier 1".into(),
+            notes: vec!["use the v2 API".into(), "  \n".into(), "two\nlines".into()],
+            ..Default::default()
+        };
+        let p = build(&t, "ctx");
+        let at = p.find("## Notes from the user").expect("section");
+        assert!(p.find("## Previous attempt").unwrap() < at, "{p}");
+        assert!(
+            p[at..].contains("- use the v2 API\n\n- two\n  lines\n"),
+            "{p}"
+        );
+        assert!(!build(&v1::Task::default(), "ctx").contains("## Notes"));
     }
 
     #[test]

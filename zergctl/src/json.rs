@@ -187,6 +187,9 @@ pub struct Task {
     /// The model of each attempt (`agent.models`), first attempt first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attempt_models: Vec<String>,
+    /// The user's notes (`zergctl note`), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// One worker slot in [`Status`].
@@ -393,6 +396,7 @@ impl From<&v1::TaskStatus> for Task {
             duration_ms: t.duration_ms,
             tokens: Tokens::from(t.tokens.as_ref()),
             attempt_models: t.attempt_models.clone(),
+            notes: t.notes.clone(),
         }
     }
 }

@@ -167,6 +167,26 @@ pub enum Command {
         /// A new budget in USD for the rush (a rush paused at its budget resumes only above it).
         #[arg(long, value_parser = budget_arg)]
         max_usd: Option<f64>,
+        /// A note for each retried task (with none named, each failed one): its next attempt's
+        /// prompt carries it.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Add a note to a task: every later attempt's prompt carries it.
+    Note {
+        /// Feature.
+        feature: String,
+        /// Task id.
+        task: String,
+        /// The note (plain text, at most 4 KiB).
+        text: String,
+        /// Stop the running attempt now (not counted) so the next one starts with the note; a
+        /// waiting retry comes forward, a failed task is retried.
+        #[arg(long)]
+        restart: bool,
+        /// Repository [default: the current directory].
+        #[arg(long)]
+        repo: Option<PathBuf>,
     },
     /// Show worker logs.
     Logs {
@@ -497,7 +517,24 @@ pub async fn run(cli: Cli) -> Result<u8, CliError> {
             reset,
             repo,
             max_usd,
-        } => cmd::retry::run(&socket, feature, tasks, reset, repo, max_usd).await,
+            note,
+        } => {
+            let retry = cmd::retry::Retry {
+                feature,
+                tasks,
+                reset,
+                max_usd,
+                note,
+            };
+            cmd::retry::run(&socket, retry, repo).await
+        }
+        Command::Note {
+            feature,
+            task,
+            text,
+            restart,
+            repo,
+        } => cmd::retry::note(&socket, feature, task, text, restart, repo).await,
         Command::Logs {
             feature,
             worker,

@@ -171,6 +171,9 @@ pub fn status_text_at(st: &v1::RushStatus, now: std::time::SystemTime) -> String
             if let Some(m) = t.attempt_models.last().filter(|m| !m.is_empty()) {
                 o.push_str(&format!(" model {m}"));
             }
+            if !t.notes.is_empty() {
+                o.push_str(&format!(" notes {}", t.notes.len()));
+            }
             if t.status == "complete" && t.duration_ms > 0 {
                 o.push_str(&format!(
                     " took {}",

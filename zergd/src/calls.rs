@@ -186,6 +186,8 @@ pub struct Assignment {
     pub previous_attempt: String,
     /// Arguments for the agent CLI on this attempt (`--model <m>`).
     pub agent_args: Vec<String>,
+    /// The user's notes for the task, oldest first (the prompt's `## Notes from the user`).
+    pub notes: Vec<String>,
 }
 
 /// The answer to a lease request.
@@ -463,6 +465,61 @@ pub struct RetryTasks {
     pub reset: bool,
     /// A new budget (USD); `None` keeps the current one.
     pub max_usd: Option<f64>,
+    /// A note for each task requeued by name (or, with none named, each failed one).
+    pub note: Option<String>,
+}
+
+/// The most bytes one note of the user may hold.
+pub const NOTE_MAX_BYTES: usize = 4096;
+
+/// The most notes one task keeps: a further one is refused (nothing is dropped unseen).
+pub const NOTES_PER_TASK: usize = 16;
+
+/// The user's note to a task (`zergctl note`).
+#[derive(Debug, Clone)]
+pub struct NoteTask {
+    /// Which rush.
+    pub key: RushKey,
+    /// Which task.
+    pub task_id: String,
+    /// The note: plain text, checked by [`note_text`].
+    pub text: String,
+    /// Stop the running attempt (not counted), or bring a waiting retry forward.
+    pub restart: bool,
+}
+
+/// What a note did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    /// How many notes the task holds now.
+    pub notes: u32,
+    /// What happened to the task.
+    pub outcome: &'static str,
+}
+
+/// Checks a note's text: trimmed, not empty, at most [`NOTE_MAX_BYTES`], and plain text (a
+/// control character other than a newline or a tab is refused, naming where it is).
+pub fn note_text(field: &str, text: &str) -> Result<String, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(format!("{field}: the note is empty"));
+    }
+    if t.len() > NOTE_MAX_BYTES {
+        return Err(format!(
+            "{field}: {} bytes, more than the {NOTE_MAX_BYTES} a note may hold",
+            t.len()
+        ));
+    }
+    if let Some((at, c)) = t
+        .char_indices()
+        .find(|(_, c)| c.is_control() && *c != '\n' && *c != '\t')
+    {
+        return Err(format!(
+            "{field}: a control character (U+{:04X}) at byte {at}; a note is plain text",
+            c as u32
+        ));
+    }
+    Ok(t.to_string())
 }
 
 /// What `Status`, `Watch` and `List` show of a rush: a read-only view the supervisor hands
@@ -587,4 +644,26 @@ pub struct PrunedRush {
     pub kept: Vec<String>,
     /// Bytes freed (or that would be).
     pub bytes: u64,
+}
+
+#[cfg(test)]
+mod note_tests {
+    use super::{NOTE_MAX_BYTES, note_text};
+
+    #[test]
+    fn a_note_is_trimmed_plain_text_within_its_cap_and_a_bad_one_is_named() {
+        assert_eq!(
+            note_text("text", "  use v2\n\tthen test \n").unwrap(),
+            "use v2\n\tthen test"
+        );
+        assert!(
+            note_text("text", " \n ")
+                .unwrap_err()
+                .contains("text: the note is empty")
+        );
+        let e = note_text("note", &"x".repeat(NOTE_MAX_BYTES + 1)).unwrap_err();
+        assert!(e.starts_with("note: 4097 bytes"), "{e}");
+        let e = note_text("text", "ok\u{1b}[2J").unwrap_err();
+        assert!(e.contains("U+001B") && e.contains("byte 2"), "{e}");
+    }
 }

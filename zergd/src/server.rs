@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status};
 use zerg_proto::v1;
 use zerg_proto::v1::control_server::Control;
 
-use crate::calls::{LandRush, RepoIs, RetryTasks, RushKey, StartRush, StatusQuery, StopRush};
+use crate::calls::{
+    LandRush, NoteTask, Noted, RepoIs, RetryTasks, RushKey, StartRush, StatusQuery, StopRush,
+};
 use crate::logtail;
 use crate::supervisor::{ControlCmd, Event, Handle};
 use crate::wire::status;
@@ -145,6 +147,15 @@ impl Services {
             .map_err(Status::from)
     }
 
+    /// Adds the user's note to a task: what it did.
+    pub async fn note_task(&self, mut r: NoteTask) -> Result<Noted, Status> {
+        r.key = self.resolved(r.key).await;
+        self.handle
+            .ask(|tx| Event::Control(ControlCmd::Note(r, tx)))
+            .await
+            .map_err(Status::from)
+    }
+
     /// Requeues failed or blocked tasks: their ids.
     pub async fn retry_tasks(&self, mut r: RetryTasks) -> Result<Vec<String>, Status> {
         r.key = self.resolved(r.key).await;
@@ -223,6 +234,11 @@ impl Control for Services {
         self.retry_tasks(r)
             .await
             .map(|requeued| Response::new(v1::RetryReply { requeued }))
+    }
+
+    async fn note(&self, req: Request<v1::NoteRequest>) -> Result<Response<v1::NoteReply>, Status> {
+        let r = NoteTask::try_from(req.into_inner())?;
+        self.note_task(r).await.map(|n| Response::new(n.into()))
     }
 
     type LogsStream = BoxStream<v1::LogChunk>;

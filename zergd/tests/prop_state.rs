@@ -12,7 +12,7 @@ use sha2::Digest;
 use zergd::domain::{LevelStatus, MergeStatus, Mode, RushState, Step, TaskStatus, WorkerStatus};
 use zergd::state::{
     Counters, FORMAT_VERSION, LevelState, LogEntry, ModelSpend, RushMeta, StateDoc, StateStore,
-    StoreError, TaskState, Tokens, WorkerState,
+    StoreError, TaskState, Tokens, UserNote, WorkerState,
 };
 
 const FEATURE: &str = "feat";
@@ -160,6 +160,12 @@ fn task_state() -> impl Strategy<Value = TaskState> {
                 previous_attempt: (unreachable % 2 == 1)
                     .then(|| format!("Attempt {unreachable} failed: \"x\"\n```\n✓ tail\n```")),
                 attempt_models: (0..unreachable % 3).map(|i| format!("model-{i}")).collect(),
+                notes: (0..unreachable % 2)
+                    .map(|i| UserNote {
+                        text: format!("note {i}:\n\t\"é\""),
+                        at: "2026-12-07T03:00:00.000Z".into(),
+                    })
+                    .collect(),
             },
         )
 }

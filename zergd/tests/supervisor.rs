@@ -16,7 +16,7 @@ use zerg_proto::transport;
 use zerg_proto::v1;
 use zerg_proto::v1::worker_client::WorkerClient;
 use zergd::calls::WorkerAuth;
-use zergd::calls::{RetryTasks, RushKey, StartRush};
+use zergd::calls::{NoteTask, RetryTasks, RushKey, StartRush};
 use zergd::clock::SystemClock;
 use zergd::domain::Mode;
 use zergd::domain::{RushState, TaskStatus};
@@ -375,6 +375,70 @@ async fn a_crashed_worker_is_replaced_and_its_task_goes_to_the_other() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_with_restart_stops_the_attempt_uncounted_and_the_next_lease_carries_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLauncher::default();
+    let (h, mut spawns, r) = start(dir.path(), &fake).await;
+    let w0 = spawns.recv().await.unwrap();
+    let w1 = spawns.recv().await.unwrap();
+    let t0 = task(lease(&w0).await);
+    let t1 = task(lease(&w1).await);
+    assert!(t1.notes.is_empty());
+    complete(&w0, &t0).await;
+    let w0c = w0.clone();
+    let parked = tokio::spawn(async move { next(&w0c).await });
+    let note = |task: &str, restart: bool| NoteTask {
+        key: RushKey::given(r.to_string_lossy(), "f"),
+        task_id: task.into(),
+        text: "use the v2 API".into(),
+        restart,
+    };
+    let n = h
+        .ask(|tx| Event::Control(ControlCmd::Note(note(&t1.id, true), tx)))
+        .await
+        .unwrap();
+    assert_eq!(n.notes, 1);
+    assert!(n.outcome.starts_with("running attempt stopped"), "{n:?}");
+    // The next lease of the task carries the note, as the same attempt.
+    let got = task(parked.await.unwrap());
+    assert_eq!(got.id, t1.id);
+    assert_eq!(got.notes, vec!["use the v2 API".to_string()]);
+    assert_eq!(got.attempt, 1, "the stopped attempt is not counted");
+    // The stopped attempt's lease no longer holds, and its worker was stopped and respawned.
+    let late = v1::CompleteRequest {
+        worker: me(&w1),
+        lease_id: t1.lease_id.clone(),
+        task_id: t1.id.clone(),
+        commit: "0".repeat(40),
+        ..Default::default()
+    };
+    assert_eq!(
+        report(&w1, late).await.unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    let respawn = tokio::time::timeout(Duration::from_secs(10), spawns.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(respawn.worker_id, w1.worker_id);
+    let st = status(&h, &r).await;
+    let t = &st.tasks[&t1.id];
+    assert_eq!((t.attempts, t.crashes), (1, 0), "{t:?}");
+    assert_eq!(t.notes, vec!["use the v2 API".to_string()]);
+    // A complete task and an unknown one are refused, by name.
+    let e = h
+        .ask(|tx| Event::Control(ControlCmd::Note(note(&t0.id, false), tx)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is complete"), "{e}");
+    let e = h
+        .ask(|tx| Event::Control(ControlCmd::Note(note("NOPE-1", false), tx)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no task NOPE-1"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_failures_are_retried_while_status_keeps_answering() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeLauncher::default();
@@ -691,6 +755,7 @@ async fn a_full_disk_keeps_the_old_state_pauses_the_rush_and_retry_resumes_it() 
         task_ids: vec![],
         reset: false,
         max_usd: None,
+        note: None,
     };
     h.ask(|tx| Event::Control(ControlCmd::Retry(retry, tx)))
         .await

@@ -159,3 +159,111 @@ fn what_only_verification_leaves_in_the_worktree_never_reaches_staging() {
         "a tracked file only the check changed stays as it was"
     );
 }
+
+/// One task whose check wants a word that only the user's note holds (`NOTE` is spelled in
+/// base64, so the check's own text in the prompt does not give it away), and an agent that
+/// writes every `NOTE-` word of its prompt into the file.
+fn note_rush(d: &Daemon, repo: &TestRepo, script: serde_json::Value, config: Config) {
+    let check = r#"grep -q "$(printf Tk9URQ== | base64 -d)-b51e" note.txt || { echo "note.txt lacks the user's word"; exit 1; }"#;
+    let graph = json!({"feature": "nt", "version": "2.0", "tasks": [{
+        "id": "N-L1-001", "title": "Write the user's word", "level": 1, "dependencies": [],
+        "description": "Write into note.txt the word the user gives",
+        "files": {"create": ["note.txt"], "modify": [], "read": []},
+        "verification": {"command": check, "timeout_seconds": 30}
+    }]});
+    repo.write_graph("nt", &graph.to_string());
+    repo.write_script("nt", &json!({ "tasks": { "N-L1-001": script } }));
+    repo.configure(&config);
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "nt", "--workers", "1", "--detach"])
+            .status
+            .success()
+    );
+}
+
+#[test]
+fn a_note_with_restart_stops_the_hung_attempt_uncounted_and_the_next_prompt_carries_it() {
+    let repo = TestRepo::new();
+    let d = Daemon::start();
+    let write = json!({"op": "echo_prompt_words", "prefix": "NOTE-", "path": "note.txt"});
+    note_rush(
+        &d,
+        &repo,
+        json!({"attempts": [[{"op": "hang"}], [write]]}),
+        // The watchdog must not end the hung attempt first.
+        Config::fake_agent()
+            .fast_workers()
+            .set("workers.task_stale_timeout_seconds", 600),
+    );
+    d.wait_for(&repo.path, "nt", T, "the task to run", |s| {
+        s["tasks"]["N-L1-001"]["status"] == "in_progress"
+    });
+    let out = d.ctl_in(
+        &repo.path,
+        &[
+            "note",
+            "nt",
+            "N-L1-001",
+            "Write NOTE-b51e into note.txt",
+            "--restart",
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("running attempt stopped"), "{said}");
+    let st = d.wait_end(&repo.path, "nt", T);
+    assert_eq!(st["state"], "complete", "{st}");
+    let t = &st["tasks"]["N-L1-001"];
+    assert_eq!(t["attempts"], 1, "the stopped attempt is not counted: {t}");
+    assert_eq!(t["crashes"], 0, "{t}");
+    assert_eq!(t["notes"], json!(["Write NOTE-b51e into note.txt"]), "{t}");
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/nt/staging:note.txt"]),
+        "NOTE-b51e"
+    );
+}
+
+#[test]
+fn retry_with_a_note_reaches_the_failed_tasks_next_prompt() {
+    let repo = TestRepo::new();
+    let d = Daemon::start();
+    let write = json!([{"op": "echo_prompt_words", "prefix": "NOTE-", "path": "note.txt"}]);
+    note_rush(
+        &d,
+        &repo,
+        write,
+        Config::fake_agent()
+            .fast_workers()
+            .set("workers.retry_attempts", 0),
+    );
+    let st = d.wait_end(&repo.path, "nt", T);
+    assert_eq!(st["tasks"]["N-L1-001"]["status"], "failed", "{st}");
+    // Bad input is refused by name, and nothing changes.
+    let bad = d.ctl_in(&repo.path, &["retry", "nt", "--note", "  "]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("note: the note is empty"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let out = d.ctl_in(
+        &repo.path,
+        &["retry", "nt", "--note", "The word is NOTE-b51e"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = d.wait_end(&repo.path, "nt", T);
+    assert_eq!(st["state"], "complete", "{st}");
+    assert_eq!(st["tasks"]["N-L1-001"]["attempts"], 2, "{st}");
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/nt/staging:note.txt"]),
+        "NOTE-b51e"
+    );
+}

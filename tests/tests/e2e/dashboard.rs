@@ -676,6 +676,7 @@ fn another_local_user_gets_only_the_page_shell_and_the_owner_logs_in_once() {
         ),
         ("POST", "/api/stop".to_string()),
         ("POST", "/api/retry".to_string()),
+        ("POST", "/api/note".to_string()),
     ] {
         assert_eq!(curl(m, &p).unwrap(), "401", "{m} {p} as another user");
     }
@@ -711,6 +712,19 @@ fn another_local_user_gets_only_the_page_shell_and_the_owner_logs_in_once() {
     let (code, _, body) = http(&addr, "GET", "/api/rushes", &[("Cookie", &cookie)], "");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"door\""), "{body}");
+    // The note box's call reaches the rush: a complete task takes no note, and says so.
+    let note = format!(
+        r#"{{"repo":"{repo_path}","feature":"door","task_id":"G-L1-001","text":"use v2"}}"#
+    );
+    let (code, _, body) = http(
+        &addr,
+        "POST",
+        "/api/note",
+        &[("Cookie", &cookie), ("Content-Type", "application/json")],
+        &note,
+    );
+    assert!(code >= 400 && code != 401, "{code} {body}");
+    assert!(body.contains("G-L1-001 of rush door is complete"), "{body}");
     // The same address again is spent.
     let (code, head, _) = http(&addr, "GET", path, &[("X-Anonymous", "1")], "");
     assert_eq!(code, 303);

@@ -365,16 +365,30 @@ function renderEsc() {
 
 // ---------- log ----------
 function renderLogHead() {
-  if (!selTask) { setHTML($('log-head'), '<h3>Log</h3><div class="muted">Click a task to see its log.</div>'); setHTML($('log-body'), ''); return; }
+  if (!selTask) { renderNotes(null); setHTML($('log-head'), '<h3>Log</h3><div class="muted">Click a task to see its log.</div>'); setHTML($('log-body'), ''); return; }
   const t = findTask(selTask) || { id: selTask };
   const bits = [t.worker != null && 'worker ' + esc(t.worker), t.attempts != null && 'attempts ' + esc(t.attempts), (t.attempt_models || []).length && 'models ' + esc(t.attempt_models.join(', ')), t.crashes && 'crashes ' + esc(t.crashes),
     t.duration_ms != null && 'took ' + fmtDur(t.duration_ms), t.cost_usd != null && fmtUsd(t.cost_usd),
     t.commit && `commit <span class="mono">${esc(String(t.commit).slice(0, 10))}</span>`,
     t.blocked_by && t.blocked_by.length && 'blocked by ' + t.blocked_by.map(esc).join(', ')].filter(Boolean).join(' · ');
   const can = !busy && t.state !== 'in_progress';
+  renderNotes(t);
   setHTML($('log-head'), `<div class="lh"><h3>Log — <span class="mono">${esc(selTask)}</span></h3>${t.state ? badge(t.state) : ''}<button id="retry-task"${can ? '' : ' disabled'}>Retry this task</button></div>`
     + `<div class="small">${esc(t.title || '')}</div><div class="small muted">${bits}</div>${t.error ? `<div class="err small">${esc(txt(t.error))}</div>` : ''}`);
 }
+// The note box is its own element, so that a status update does not wipe what is being typed.
+function renderNotes(t) {
+  const box = $('note-box');
+  box.hidden = !selTask || !t || t.state === 'complete';
+  $('note-list').replaceChildren(...(t && t.notes || []).map(n => { const d = document.createElement('div'); d.textContent = n; return d; }));
+}
+$('note-box').addEventListener('submit', e => {
+  e.preventDefault();
+  const text = $('note-text').value.trim();
+  if (!text || !selTask || !D.selected) return;
+  post('/api/note', { repo: D.selected.repo, feature: D.selected.feature, task_id: selTask, text, restart: $('note-restart').checked },
+    d => { $('note-text').value = ''; $('note-restart').checked = false; return `Note added (${d.notes} in all): ${d.outcome}`; }, 'log-result');
+});
 $('log-head').addEventListener('click', e => {
   const b = e.target.closest('#retry-task');
   if (!b || b.disabled || !selTask || !D.selected) return;

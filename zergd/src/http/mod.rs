@@ -424,7 +424,7 @@ async fn handle(ctx: &Ctx, conn: u64, req: Request<Incoming>) -> Response<Body> 
             Ok(key) => task_log(ctx, key, &q).await,
             Err(m) => error(StatusCode::BAD_REQUEST, m),
         },
-        (&Method::POST, "/api/stop" | "/api/retry") => action(ctx, &path, req).await,
+        (&Method::POST, "/api/stop" | "/api/retry" | "/api/note") => action(ctx, &path, req).await,
         (&Method::GET, "/metrics") => {
             let text = metrics::render(&ctx.services).await;
             respond(
@@ -434,12 +434,14 @@ async fn handle(ctx: &Ctx, conn: u64, req: Request<Incoming>) -> Response<Body> 
             )
         }
         (_, "/" | "/index.html" | "/app.js" | "/api/session" | "/api/info" | "/api/rushes")
-        | (_, "/api/rush" | "/api/watch" | "/api/log" | "/api/stop" | "/api/retry" | "/metrics") => {
-            error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("{} does not take {}", path, req.method()),
-            )
-        }
+        | (
+            _,
+            "/api/rush" | "/api/watch" | "/api/log" | "/api/stop" | "/api/retry" | "/api/note"
+            | "/metrics",
+        ) => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} does not take {}", path, req.method()),
+        ),
         _ => error(StatusCode::NOT_FOUND, format!("no such page: {path}")),
     }
 }
@@ -736,9 +738,23 @@ struct RetryBody {
     task_ids: Vec<String>,
     #[serde(default)]
     reset: bool,
+    #[serde(default)]
+    note: String,
 }
 
-/// `POST /api/stop` and `/api/retry`: the same calls as `zergctl stop` and `zergctl retry`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoteBody {
+    repo: String,
+    feature: String,
+    task_id: String,
+    text: String,
+    #[serde(default)]
+    restart: bool,
+}
+
+/// `POST /api/stop`, `/api/retry` and `/api/note`: the same calls as `zergctl stop`,
+/// `zergctl retry` and `zergctl note`.
 async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body> {
     if let Some(r) = not_json(&req) {
         return r;
@@ -785,6 +801,28 @@ async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body>
             Ok(n) => json_reply(&json!({"workers_signalled": n})),
             Err(e) => refused(e),
         }
+    } else if path == "/api/note" {
+        let b: NoteBody = match serde_json::from_slice(&bytes) {
+            Ok(b) => b,
+            Err(e) => return bad(e),
+        };
+        let text = match crate::calls::note_text("text", &b.text) {
+            Ok(t) => t,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("{path}: {e}")),
+        };
+        match ctx
+            .services
+            .note_task(crate::calls::NoteTask {
+                key: RushKey::registered(&b.repo, &b.feature),
+                task_id: b.task_id,
+                text,
+                restart: b.restart,
+            })
+            .await
+        {
+            Ok(n) => json_reply(&json!({"notes": n.notes, "outcome": n.outcome})),
+            Err(e) => refused(e),
+        }
     } else {
         let b: RetryBody = match serde_json::from_slice(&bytes) {
             Ok(b) => b,
@@ -797,6 +835,13 @@ async fn action(ctx: &Ctx, path: &str, req: Request<Incoming>) -> Response<Body>
                 task_ids: b.task_ids,
                 reset: b.reset,
                 max_usd: None,
+                note: match b.note.trim() {
+                    "" => None,
+                    n => match crate::calls::note_text("note", n) {
+                        Ok(t) => Some(t),
+                        Err(e) => return error(StatusCode::BAD_REQUEST, format!("{path}: {e}")),
+                    },
+                },
             })
             .await
         {

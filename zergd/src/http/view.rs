@@ -68,6 +68,7 @@ pub fn rush(s: &v1::RushStatus, now: std::time::SystemTime) -> Value {
                 "worker": t.worker_id,
                 "attempts": t.attempts,
                 "attempt_models": t.attempt_models,
+                "notes": t.notes,
                 "crashes": t.crashes,
                 "error": t.error,
                 "commit": t.commit,

@@ -177,6 +177,19 @@ pub struct TaskState {
     /// The model each attempt was leased with (`agent.models`), first attempt first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attempt_models: Vec<String>,
+    /// The user's notes (`zergctl note`, `retry --note`), oldest first: every later attempt's
+    /// prompt carries them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<UserNote>,
+}
+
+/// One note of the user to a task.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UserNote {
+    /// The text, as checked on the way in (plain, at most 4 KiB).
+    pub text: String,
+    /// When it was given (RFC 3339).
+    pub at: String,
 }
 
 fn is_zero_u32(n: &u32) -> bool {

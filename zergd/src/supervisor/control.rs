@@ -145,7 +145,28 @@ impl Supervisor {
                             r.doc.rush.max_usd = Some(m);
                             r.dirty = true;
                         }
+                        // The notes go first, so that an attempt leased by the retry carries them.
+                        if let Some(text) = &req.note
+                            && let Err(e) = r.note_retried(&req.task_ids, text, wall)
+                        {
+                            fx.reply(reply, Err(e));
+                            return;
+                        }
                         let res = r.retry(&req.task_ids, req.reset, now, wall, fx);
+                        fx.reply(reply, res);
+                    });
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            ControlCmd::Note(req, reply) => match self.find_whole(&req.key) {
+                Ok(id) => {
+                    if req.restart {
+                        self.ensure_plane(&id);
+                    }
+                    self.with_rush(&id, |r, fx| {
+                        let res = r.note(&req.task_id, req.text, req.restart, now, wall, fx);
                         fx.reply(reply, res);
                     });
                 }

@@ -104,6 +104,8 @@ pub enum ControlCmd {
     Stop(StopRush, Reply<u32>),
     /// Requeue failed tasks; answers which.
     Retry(RetryTasks, Reply<Vec<String>>),
+    /// Add the user's note to a task (and restart its attempt); answers what it did.
+    Note(crate::calls::NoteTask, Reply<crate::calls::Noted>),
     /// Remove what ended rushes left on disk.
     Prune(PruneRequest, Reply<PruneReport>),
     /// Take a complete rush's staging branch into its base branch.

@@ -4,8 +4,8 @@
 use zerg_proto::v1;
 
 use crate::calls::{
-    LandHow, LandRush, Landed, PruneReport, PruneRequest, PrunedRush, RetryTasks, RushKey,
-    StartRush, Started, StopRush,
+    LandHow, LandRush, Landed, NoteTask, Noted, PruneReport, PruneRequest, PrunedRush, RetryTasks,
+    RushKey, StartRush, Started, StopRush, note_text,
 };
 use crate::error::SupervisorError;
 
@@ -139,7 +139,36 @@ impl TryFrom<v1::RetryRequest> for RetryTasks {
             task_ids,
             reset: r.reset,
             max_usd: budget(r.max_usd)?,
+            note: if r.note.is_empty() {
+                None
+            } else {
+                Some(note_text("note", &r.note).map_err(SupervisorError::invalid_argument)?)
+            },
         })
+    }
+}
+
+impl TryFrom<v1::NoteRequest> for NoteTask {
+    type Error = SupervisorError;
+    fn try_from(r: v1::NoteRequest) -> Result<Self, SupervisorError> {
+        if r.task_id.is_empty() {
+            return Err(SupervisorError::invalid_argument("task_id: empty"));
+        }
+        Ok(NoteTask {
+            key: key(r.repo, r.feature)?,
+            task_id: field("task_id", r.task_id)?,
+            text: note_text("text", &r.text).map_err(SupervisorError::invalid_argument)?,
+            restart: r.restart,
+        })
+    }
+}
+
+impl From<Noted> for v1::NoteReply {
+    fn from(n: Noted) -> Self {
+        v1::NoteReply {
+            notes: n.notes,
+            outcome: n.outcome.to_string(),
+        }
     }
 }
 

@@ -71,6 +71,7 @@ pub fn rush_status(rush: &RushView<'_>) -> v1::RushStatus {
                     duration_ms: t.duration_ms.unwrap_or(0),
                     tokens: Some(tokens(&t.tokens)),
                     attempt_models: t.attempt_models.clone(),
+                    notes: t.notes.iter().map(|n| n.text.clone()).collect(),
                 },
             )
         })

@@ -395,6 +395,7 @@ impl From<LeaseOutcome> for v1::LeaseReply {
                     relevant_symbols: a.relevant_symbols,
                     previous_attempt: a.previous_attempt,
                     agent_args: a.agent_args,
+                    notes: a.notes,
                 })
             }
         };

@@ -22,7 +22,7 @@ use crate::backoff::Backoff;
 use crate::calls::WorkerAuth;
 use crate::calls::{
     Assignment, Beat, Caller, Completion, Escalation, EscalationReport, Failure, LeaseOutcome,
-    LeaseRef, Register, Registration, TierOutcome, TierSpec,
+    LeaseRef, NOTES_PER_TASK, Noted, Register, Registration, TierOutcome, TierSpec,
 };
 use crate::clock::{from_unix_millis, iso_millis, unix_millis};
 use crate::config::{Config, GatesRunOn};

@@ -34,6 +34,136 @@ impl Rush {
         ts.previous_attempt = Some(bounded_note(head, context, cap));
     }
 
+    /// Adds the user's note to task `t`: every later attempt's prompt carries it. With
+    /// `restart`, a running attempt is stopped and requeued without being counted (its worker
+    /// is killed as zergd kills a stale one, and its lease no longer holds), a waiting retry
+    /// comes due now, and a failed task is retried.
+    pub fn note(
+        &mut self,
+        t: &str,
+        text: String,
+        restart: bool,
+        now: Instant,
+        wall: SystemTime,
+        fx: &mut Effects,
+    ) -> Result<Noted, SupervisorError> {
+        let notes = self.add_note(t, &text, wall)?;
+        let (status, worker) = self
+            .doc
+            .tasks
+            .get(t)
+            .map(|ts| (ts.status, ts.worker_id))
+            .unwrap_or((TaskStatus::Pending, None));
+        let running = !self.is_terminal() && self.state() != RushState::Paused;
+        let outcome = match (restart, status) {
+            (true, TaskStatus::InProgress) => {
+                let w = worker.unwrap_or(0);
+                if let Some(ws) = self.doc.workers.get_mut(&w.to_string())
+                    && ws.current_task.as_deref() == Some(t)
+                {
+                    ws.current_task = None;
+                }
+                self.requeue(t, "restarted by the user with a note", wall);
+                self.kill_worker(w, true, fx);
+                // It gets no new lease while it goes.
+                self.set_worker_status(w, WorkerStatus::Stopping, None);
+                self.dispatch(now, wall, fx);
+                "running attempt stopped (not counted); the next one starts with the note"
+            }
+            (true, TaskStatus::WaitingRetry) => {
+                if let Some(ts) = self.doc.tasks.get_mut(t) {
+                    ts.status = TaskStatus::Pending;
+                    ts.next_retry_at = None;
+                    ts.updated_at = iso_millis(wall);
+                }
+                self.rt_tasks.remove(t);
+                if running {
+                    self.dispatch(now, wall, fx);
+                }
+                "retry brought forward; it starts with the note"
+            }
+            (true, TaskStatus::Failed | TaskStatus::Blocked) => {
+                self.retry(&[t.to_string()], false, now, wall, fx)?;
+                "requeued with the note"
+            }
+            _ => "kept for the next attempt",
+        };
+        Ok(Noted { notes, outcome })
+    }
+
+    /// Why task `t` cannot take a note, if it cannot: it does not exist, it is complete, or it
+    /// holds [`NOTES_PER_TASK`] already.
+    fn check_note(&self, t: &str) -> Result<(), SupervisorError> {
+        let feature = self.feature();
+        let Some(ts) = self.doc.tasks.get(t) else {
+            return Err(SupervisorError::not_found(format!(
+                "no task {t} in rush {feature}"
+            )));
+        };
+        if ts.status == TaskStatus::Complete {
+            return Err(SupervisorError::failed_precondition(format!(
+                "task {t} of rush {feature} is complete: no attempt of it runs again, so a note would reach nothing"
+            )));
+        }
+        if ts.notes.len() >= NOTES_PER_TASK {
+            return Err(SupervisorError::failed_precondition(format!(
+                "task {t} holds {NOTES_PER_TASK} notes already, the most it keeps; say it in fewer"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds `text` to the tasks a `retry --note` names (with none named, to every failed one),
+    /// all or none: the first task that cannot take it is the error.
+    pub fn note_retried(
+        &mut self,
+        ids: &[String],
+        text: &str,
+        wall: SystemTime,
+    ) -> Result<(), SupervisorError> {
+        let targets: Vec<String> = if ids.is_empty() {
+            self.doc
+                .tasks
+                .iter()
+                .filter(|(_, t)| matches!(t.status, TaskStatus::Failed | TaskStatus::WaitingRetry))
+                .map(|(id, _)| id.clone())
+                .collect()
+        } else {
+            ids.to_vec()
+        };
+        for t in &targets {
+            self.check_note(t)?;
+        }
+        for t in &targets {
+            self.add_note(t, text, wall)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps `text` as a note of the user on task `t`, which must exist and not be complete:
+    /// how many notes it holds now.
+    fn add_note(&mut self, t: &str, text: &str, wall: SystemTime) -> Result<u32, SupervisorError> {
+        self.check_note(t)?;
+        let Some(ts) = self.doc.tasks.get_mut(t) else {
+            return Ok(0);
+        };
+        ts.notes.push(crate::state::UserNote {
+            text: text.to_string(),
+            at: iso_millis(wall),
+        });
+        let notes = ts.notes.len() as u32;
+        self.dirty = true;
+        self.event(
+            wall,
+            Source::Orchestrator,
+            Level::Info,
+            "task_note",
+            format!("Note for task {t} (its next attempt's prompt carries it): {text}"),
+            json!({"task_id": t, "text": text, "notes": notes}),
+        );
+        Ok(notes)
+    }
+
     /// The worker holding a task died: requeue at once without counting an attempt (FR-5).
     pub(super) fn crash_task(&mut self, t: &str, w: u32, why: &str, wall: SystemTime) {
         let cap = self.config.workers.max_respawn_attempts.max(3);

@@ -339,6 +339,7 @@ impl Rush {
         let attempt = ts.retry_count + 1;
         let resume_from = ts.resume_from.clone();
         let previous_attempt = ts.previous_attempt.clone().unwrap_or_default();
+        let notes = ts.notes.iter().map(|n| n.text.clone()).collect();
         // The model of this attempt (`agent.models`), recorded with the attempt.
         let model = self.config.agent.model_for(attempt).map(str::to_string);
         let agent_args = model
@@ -401,6 +402,7 @@ impl Rush {
             relevant_symbols,
             previous_attempt,
             agent_args,
+            notes,
         }
     }
 
