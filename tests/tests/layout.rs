@@ -539,10 +539,21 @@ fn strongly_connected(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
 
 #[test]
 fn zergd_files_form_no_circle() {
-    let src = root().join("zergd/src");
+    let report = circles(&root().join("zergd/src"));
+    assert!(
+        report.is_empty(),
+        "zergd's files import each other in a circle, so none of them can be read or changed \
+         without the rest. Break each circle below: move what both sides need into a module \
+         beneath them, or pass it in.\n{report}"
+    );
+}
+
+/// The circles of imports among the files under `src` (a crate's source root), each with the
+/// imports that make it; empty when there is none.
+fn circles(src: &Path) -> String {
     // `main.rs` is the root of the binary, a crate of its own that reaches the library only
     // through `zergd::…`: no edge of the library's graph touches it.
-    let files: Vec<(PathBuf, ModPath, syn::File)> = rust_files(&src)
+    let files: Vec<(PathBuf, ModPath, syn::File)> = rust_files(src)
         .into_iter()
         .filter(|rel| rel != Path::new("main.rs"))
         .map(|rel| {
@@ -581,7 +592,7 @@ fn zergd_files_form_no_circle() {
         (1..=module.len())
             .any(|n| module[n - 1] == "tests" || declared_in_tests.contains(&module[..n]))
     };
-    let shown = |i: usize| format!("{} (zergd/src/{})", show(&files[i].1), files[i].0.display());
+    let shown = |i: usize| format!("{} ({})", show(&files[i].1), files[i].0.display());
 
     let mut edges: BTreeMap<(usize, usize), &str> = BTreeMap::new();
     for (from, info) in infos.iter().enumerate() {
@@ -635,12 +646,7 @@ fn zergd_files_form_no_circle() {
             }
         }
     }
-    assert!(
-        report.is_empty(),
-        "zergd's files import each other in a circle, so none of them can be read or changed \
-         without the rest. Break each circle below: move what both sides need into a module \
-         beneath them, or pass it in.\n{report}"
-    );
+    report
 }
 
 /// Whether a path names the gRPC wire types: `zerg_proto::v1…`, or `v1::…`.
@@ -802,7 +808,12 @@ impl<'ast> Visit<'ast> for GitRuns {
 /// The problems of the sources under `<root>/<krate>/src`: paths that start with one of
 /// `crates` and, if `no_git`, runs of the git program.
 fn source_problems(krate: &str, crates: &[&str], no_git: bool) -> Vec<String> {
-    let src = root().join(krate).join("src");
+    source_problems_in(&root(), krate, crates, no_git)
+}
+
+/// [`source_problems`] in the workspace at `root`.
+fn source_problems_in(root: &Path, krate: &str, crates: &[&str], no_git: bool) -> Vec<String> {
+    let src = root.join(krate).join("src");
     let mut problems = Vec::new();
     for rel in rust_files(&src) {
         let ast = parse(&src.join(&rel));
@@ -834,7 +845,12 @@ fn source_problems(krate: &str, crates: &[&str], no_git: bool) -> Vec<String> {
 
 /// The problems of a crate's `[dependencies]`: the ones among `banned` it names.
 fn dependency_problems(krate: &str, banned: &[&str]) -> Vec<String> {
-    dependencies(&root().join(krate).join("Cargo.toml"))
+    dependency_problems_in(&root(), krate, banned)
+}
+
+/// [`dependency_problems`] in the workspace at `root`.
+fn dependency_problems_in(root: &Path, krate: &str, banned: &[&str]) -> Vec<String> {
+    dependencies(&root.join(krate).join("Cargo.toml"))
         .into_iter()
         .filter(|name| banned.contains(&name.as_str()))
         .map(|name| format!("{krate}/Cargo.toml: [dependencies] names {name}"))
@@ -871,5 +887,63 @@ fn config_imports_no_launcher() {
         "zerg-config holds the settings as plain data and imports neither a launcher nor \
          zergd. Move these out:\n  {}",
         problems.join("\n  ")
+    );
+}
+
+/// The checks above, on a scratch workspace that breaks each rule once: each must see it (a
+/// check that finds nothing in a planted case would pass whatever the code does).
+#[test]
+fn each_layout_check_finds_a_rule_broken_on_purpose() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path();
+    let write = |rel: &str, text: &str| {
+        let p = w.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    // Two files that import each other, and a third beside them that imports one only.
+    write(
+        "zergd/src/lib.rs",
+        "//! root\nmod a;\nmod b;\nmod c;\n#[cfg(test)]\nmod t;\n",
+    );
+    write("zergd/src/a.rs", "//! a\nuse crate::b::B;\npub struct A;\n");
+    write("zergd/src/b.rs", "//! b\npub struct B(crate::a::A);\n");
+    write("zergd/src/c.rs", "//! c\nuse crate::a::A;\n");
+    write(
+        "zergd/src/t.rs",
+        "//! tests reach anywhere\nuse crate::c;\n",
+    );
+    let report = circles(&w.join("zergd/src"));
+    assert!(report.contains("a circle of 2 files"), "{report}");
+    assert!(report.contains("a -> b (use crate::b::B)"), "{report}");
+    assert!(
+        !report.contains("c.rs"),
+        "c is outside the circle: {report}"
+    );
+    // Without the import back, no circle.
+    write("zergd/src/b.rs", "//! b\npub struct B;\n");
+    assert_eq!(circles(&w.join("zergd/src")), "");
+
+    // A launcher that names zergd, runs git and depends on zerg-git.
+    write(
+        "zerg-launch/src/lib.rs",
+        "//! l\nuse zergd::calls::RushKey;\nfn f() { let _ = std::process::Command::new(\"git\"); }\n",
+    );
+    write(
+        "zerg-launch/Cargo.toml",
+        "[package]\nname = \"zerg-launch\"\n\n[dependencies]\nzerg_git = { path = \"../zerg-git\" }\n",
+    );
+    let problems = source_problems_in(w, "zerg-launch", &["zergd", "zerg_git", "gix"], true);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("names use zergd::calls::RushKey"))
+            && problems.iter().any(|p| p.contains("runs the git program")),
+        "{problems:?}"
+    );
+    let deps = dependency_problems_in(w, "zerg-launch", &["zerg-git"]);
+    assert_eq!(
+        deps,
+        vec!["zerg-launch/Cargo.toml: [dependencies] names zerg-git".to_string()]
     );
 }
