@@ -1031,6 +1031,66 @@ fn workers_that_crash_together_back_off_for_different_times() {
     assert!(delays.len() >= n as usize - 1, "{delays:?}");
 }
 
+/// One stale-watchdog kill of slot 0: it registers, sends no heartbeat past the threshold, is
+/// killed by the next tick, and exits; then its respawn, if one is due, is started.
+fn stale_kill(h: &mut H) -> Effects {
+    h.spawned(0);
+    h.register(0);
+    h.advance(h.r.config.workers.heartbeat_stale_threshold + Duration::from_secs(1));
+    let fx = h.tick();
+    assert!(
+        fx.stop.iter().any(|(w, ..)| *w == 0),
+        "the watchdog kills the silent worker"
+    );
+    let fx = h.exit(0, ExitInfo::Signal(9));
+    if fx.spawn.is_empty()
+        && let Some(due) = h.r.rt_workers[&0].spawn_due
+    {
+        h.advance_to(due);
+        assert_eq!(h.tick().spawn.len(), 1);
+    }
+    fx
+}
+
+#[test]
+fn the_watchdogs_kills_count_against_the_respawn_rate_limit_within_its_window() {
+    let cfg = || {
+        config(|w| {
+            w.heartbeat_stale_threshold = Duration::from_secs(5);
+            w.max_respawn_attempts = 3;
+            w.respawn_window_seconds = Duration::from_secs(100);
+        })
+    };
+    // Kills close together: three respawns, and the fourth kill gives the slot up.
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, cfg());
+    h.start();
+    for kill in 1..=3u32 {
+        stale_kill(&mut h);
+        assert_eq!(h.worker(0).respawns, kill, "a stale kill is counted");
+        assert_ne!(h.worker(0).status, WorkerStatus::GaveUp);
+    }
+    stale_kill(&mut h);
+    assert_eq!(h.worker(0).status, WorkerStatus::GaveUp);
+    let reason = h.reason(0);
+    assert!(reason.contains("respawned 3 times within 100s"), "{reason}");
+    assert_eq!(h.r.doc.rush.resilience.stale_detections, 4);
+
+    // The same kills spread wider than the window: the old ones age out, and the slot lives.
+    let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, cfg());
+    h.start();
+    for _ in 0..8 {
+        stale_kill(&mut h);
+        assert_ne!(h.worker(0).status, WorkerStatus::GaveUp);
+        assert!(
+            h.worker(0).respawn_times_ms.len() <= 2,
+            "{:?}",
+            h.worker(0).respawn_times_ms
+        );
+        h.advance(Duration::from_secs(60));
+    }
+    assert_eq!(h.worker(0).respawns, 8);
+}
+
 #[test]
 fn crash_loop_gives_the_slot_up_after_max_respawn_attempts() {
     let mut h = H::new(vec![task("A-L1-001", 1, &[])], 1, config(|_| {}));
