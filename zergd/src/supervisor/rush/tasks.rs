@@ -54,7 +54,6 @@ impl Rush {
             .get(t)
             .map(|ts| (ts.status, ts.worker_id))
             .unwrap_or((TaskStatus::Pending, None));
-        let running = !self.is_terminal() && self.state() != RushState::Paused;
         let outcome = match (restart, status) {
             (true, TaskStatus::InProgress) => {
                 let w = worker.unwrap_or(0);
@@ -77,9 +76,8 @@ impl Rush {
                     ts.updated_at = iso_millis(wall);
                 }
                 self.rt_tasks.remove(t);
-                if running {
-                    self.dispatch(now, wall, fx);
-                }
+                // A paused or ended rush leases nothing: dispatch checks that itself.
+                self.dispatch(now, wall, fx);
                 "retry brought forward; it starts with the note"
             }
             (true, TaskStatus::Failed | TaskStatus::Blocked) => {
@@ -131,6 +129,13 @@ impl Rush {
         } else {
             ids.to_vec()
         };
+        if targets.is_empty() {
+            return Err(SupervisorError::failed_precondition(format!(
+                "rush {} has no failed task for the note to reach: name the task (zergctl note {} TASK \"text\")",
+                self.feature(),
+                self.feature()
+            )));
+        }
         for t in &targets {
             self.check_note(t)?;
         }
