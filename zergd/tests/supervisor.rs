@@ -436,6 +436,27 @@ async fn a_note_with_restart_stops_the_attempt_uncounted_and_the_next_lease_carr
         .await
         .unwrap_err();
     assert!(e.to_string().contains("no task NOPE-1"), "{e}");
+    // A retry whose note names no task, in a rush with no failed task, would keep the note
+    // nowhere: it is refused, and says how to reach a task.
+    let retry = RetryTasks {
+        key: RushKey::given(r.to_string_lossy(), "f"),
+        task_ids: vec![],
+        reset: false,
+        max_usd: None,
+        note: Some("try harder".into()),
+    };
+    let e = h
+        .ask(|tx| Event::Control(ControlCmd::Retry(retry, tx)))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no failed task"), "{e}");
+    assert!(
+        status(&h, &r)
+            .await
+            .tasks
+            .values()
+            .all(|t| !t.notes.iter().any(|n| n == "try harder"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
