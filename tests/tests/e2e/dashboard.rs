@@ -391,6 +391,47 @@ fn the_dashboard_draws_a_live_rush_in_chromium_and_stop_stops_it() {
         )
         .unwrap();
     assert!(log.as_str().unwrap_or("").contains("agent-output"), "{log}");
+    // The note box: none on a complete task; on the running one, a note typed there is kept
+    // for that task's next attempt, and the page lists it.
+    assert_eq!(
+        b.eval("document.getElementById('note-box').hidden")
+            .unwrap(),
+        json!(true),
+        "a complete task has no note box"
+    );
+    b.click("[data-task=\"G-L3-001\"]").unwrap();
+    b.wait_for(
+        "!document.getElementById('note-box').hidden",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    b.eval("document.getElementById('note-text').value = 'use the helper in lib.rs'")
+        .unwrap();
+    b.click("#note-add").unwrap();
+    let said = b
+        .wait_for(
+            "(() => { const t = document.getElementById('log-result').textContent; return t.includes('Note added') ? t : null; })()",
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(
+        said.as_str()
+            .unwrap_or("")
+            .contains("kept for the next attempt"),
+        "{said}"
+    );
+    let st = d.status(&repo.path, "dash").unwrap();
+    assert_eq!(
+        st["tasks"]["G-L3-001"]["notes"],
+        json!(["use the helper in lib.rs"]),
+        "the note is the task's"
+    );
+    assert_eq!(st["tasks"]["G-L3-001"]["status"], "in_progress");
+    b.wait_for(
+        "document.getElementById('note-list').textContent.includes('use the helper in lib.rs')",
+        Duration::from_secs(30),
+    )
+    .unwrap();
 
     b.click("#stop").unwrap();
     b.wait_for(
