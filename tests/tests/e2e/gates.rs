@@ -1,8 +1,9 @@
 //! Quality gates of a container rush run in a fresh container of the rush's image
 //! (`gates.run_on: worker-image`, the default), not on zergd's machine: a gate script a worker
 //! committed cannot write a host file, reach zergd's sockets or change the staging worktree,
-//! and a gate that hangs is killed at its timeout and leaves no container. `gates.run_on: host`
-//! runs them on the host, and the rush says so when it starts.
+//! a gate that exits 1 fails its level with its output, staging holding that level and nothing
+//! past it, and a gate that hangs is killed at its timeout and leaves no container.
+//! `gates.run_on: host` runs them on the host, and the rush says so when it starts.
 //!
 //! Like the other container tests these skip without a Docker engine, and fail instead under
 //! `ZERG_REQUIRE_DOCKER=1`.
@@ -187,7 +188,75 @@ fn a_gate_that_hangs_in_the_worker_image_is_killed_at_its_timeout_and_leaves_no_
         "the hung gate's container is left: {:?}",
         gate_containers(rush_id)
     );
+    staging_holds_only_level_1(&repo, "gt");
     let out = d.ctl_in(&repo.path, &["stop", "gt"]);
+    assert!(out.status.success());
+}
+
+/// Staging holds the level whose gate failed and nothing past it (the fix is committed on top
+/// of it, then `zergctl retry` runs the gates again): every commit since `main` is a level-1
+/// task or a level-1 merge, and each level-1 task's is there.
+fn staging_holds_only_level_1(repo: &TestRepo, feature: &str) {
+    let staging = format!("zerg/{feature}/staging");
+    let log = git(
+        &repo.path,
+        &["log", "--format=%s", &format!("main..{staging}")],
+    );
+    let subjects: Vec<&str> = log.lines().collect();
+    assert!(
+        subjects
+            .iter()
+            .all(|s| s.contains("(level 1)") || s.contains("Level one")),
+        "{staging} moved past the level whose gate failed:\n{log}"
+    );
+    let l1 = graph_12_ids()
+        .iter()
+        .filter(|id| id.starts_with("G-L1-"))
+        .count();
+    assert_eq!(
+        subjects.iter().filter(|s| s.contains("Level one")).count(),
+        l1,
+        "{log}"
+    );
+}
+
+#[test]
+fn a_gate_that_exits_1_in_the_worker_image_fails_the_level_with_its_output_and_nothing_past_it() {
+    if !docker_ready() {
+        return;
+    }
+    let ctx = cdaemon();
+    let d = &ctx.d;
+    let repo = TestRepo::new();
+    repo.write_graph("gx", &graph_12("gx"));
+    // The image's own shell prints where it runs, so the output is the container's.
+    repo.configure(&container_cfg(IMAGE).set(
+        "quality_gates",
+        json!([{"name": "broken", "command": "echo \"gate-in $(pwd)\"; echo 'error[E0425]: cannot find value' >&2; exit 1", "required": true, "timeout": 60}]),
+    ));
+    start_detached(d, &repo, "gx", 2);
+    let st = d.wait_for(&repo.path, "gx", T, "the gate's failure", |s| {
+        s["state"] == "paused"
+    });
+    let reason = st["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("quality gate 'broken' failed on staging after level 1"),
+        "{st}"
+    );
+    assert!(
+        reason.contains("cannot find value") && reason.contains("gate-in /workspace"),
+        "the gate's output tail is not in the reason: {st}"
+    );
+    assert_eq!(st["levels"]["1"]["merge_status"], "failed", "{st}");
+    // Level 2 never started: nothing past level 1 ran.
+    for (id, t) in st["tasks"].as_object().unwrap() {
+        if !id.starts_with("G-L1-") {
+            assert_eq!(t["status"], "pending", "{id}: {st}");
+        }
+    }
+    staging_holds_only_level_1(&repo, "gx");
+    assert!(gate_containers(st["rush_id"].as_str().unwrap()).is_empty());
+    let out = d.ctl_in(&repo.path, &["stop", "gx"]);
     assert!(out.status.success());
 }
 
