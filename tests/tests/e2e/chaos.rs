@@ -510,9 +510,15 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
          setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 300' & \
          while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
     );
+    // Level 2 waits, so that both workers are still alive when the leftovers are judged: once
+    // the rush ends every process is gone anyway.
+    let release = pids.path().join("release");
     repo.write_script(
         "left",
-        &json!({"tasks": {"G-L1-002": [{"op": "write_owned"}, {"op": "shell", "command": command}]}}),
+        &json!({"tasks": {
+            "G-L1-002": [{"op": "write_owned"}, {"op": "shell", "command": command}],
+            "G-L2-001": [{"op": "wait_for_file", "path": release, "timeout_ms": 120_000}, {"op": "write_owned"}],
+        }}),
     );
     let d = Daemon::start();
     assert!(
@@ -520,7 +526,10 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
             .status
             .success()
     );
-    let st = assert_complete_exactly_once(&d, &repo, "left");
+    let mid = d.wait_for(&repo.path, "left", T, "level 2 waiting", |s| {
+        s["tasks"]["G-L1-002"]["status"] == "complete"
+            && s["tasks"]["G-L2-001"]["status"] == "in_progress"
+    });
     let read = |name: &str| -> i32 {
         std::fs::read_to_string(pids.path().join(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -535,7 +544,17 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
     for p in &left {
         let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
     }
-    assert!(left.is_empty(), "still running after the rush: {left:?}");
+    assert!(
+        left.is_empty(),
+        "still running after the agent exited: {left:?}"
+    );
+    // The worker that ran the task is the same process, still alive: it killed them itself.
+    let w = mid["tasks"]["G-L1-002"]["worker_id"].to_string();
+    let worker = mid["workers"][&w]["pid"].as_i64().unwrap() as i32;
+    assert!(alive(worker), "worker {w} (pid {worker}) is gone: {mid}");
+    assert_eq!(mid["workers"][&w]["respawns"], 0, "{mid}");
+    std::fs::write(&release, "go").unwrap();
+    let st = assert_complete_exactly_once(&d, &repo, "left");
     assert_eq!(st["tasks"]["G-L1-002"]["attempts"], 1);
     let logs = String::from_utf8_lossy(
         &d.ctl_in(&repo.path, &["logs", "left", "--tail", "1000"])
