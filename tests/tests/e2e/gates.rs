@@ -164,15 +164,12 @@ fn a_gate_that_hangs_in_the_worker_image_is_killed_at_its_timeout_and_leaves_no_
     let ctx = cdaemon();
     let d = &ctx.d;
     let repo = TestRepo::new();
-    repo.write_graph("gt", &graph_12("gt"));
-    repo.configure(&container_cfg(IMAGE).set(
-        "quality_gates",
-        json!([{"name": "hang", "command": "echo started; sleep 600", "required": true, "timeout": 3}]),
-    ));
-    start_detached(d, &repo, "gt", 2);
-    let st = d.wait_for(&repo.path, "gt", T, "the gate's failure", |s| {
-        s["state"] == "paused"
-    });
+    let st = paused_by_gate(
+        d,
+        &repo,
+        "gt",
+        json!({"name": "hang", "command": "echo started; sleep 600", "required": true, "timeout": 3}),
+    );
     let reason = st["reason"].as_str().unwrap_or("");
     assert!(
         reason.contains("quality gate 'hang' failed") && reason.contains("timed out after 3 s"),
@@ -191,6 +188,22 @@ fn a_gate_that_hangs_in_the_worker_image_is_killed_at_its_timeout_and_leaves_no_
     staging_holds_only_level_1(&repo, "gt");
     let out = d.ctl_in(&repo.path, &["stop", "gt"]);
     assert!(out.status.success());
+}
+
+/// Runs a two-worker container rush of the 12-task graph with `gate` as its one quality gate,
+/// and returns its status once the gate's failure has paused it.
+fn paused_by_gate(
+    d: &Daemon,
+    repo: &TestRepo,
+    feature: &str,
+    gate: serde_json::Value,
+) -> serde_json::Value {
+    repo.write_graph(feature, &graph_12(feature));
+    repo.configure(&container_cfg(IMAGE).set("quality_gates", json!([gate])));
+    start_detached(d, repo, feature, 2);
+    d.wait_for(&repo.path, feature, T, "the gate's failure", |s| {
+        s["state"] == "paused"
+    })
 }
 
 /// Staging holds the level whose gate failed and nothing past it (the fix is committed on top
@@ -228,16 +241,13 @@ fn a_gate_that_exits_1_in_the_worker_image_fails_the_level_with_its_output_and_n
     let ctx = cdaemon();
     let d = &ctx.d;
     let repo = TestRepo::new();
-    repo.write_graph("gx", &graph_12("gx"));
     // The image's own shell prints where it runs, so the output is the container's.
-    repo.configure(&container_cfg(IMAGE).set(
-        "quality_gates",
-        json!([{"name": "broken", "command": "echo \"gate-in $(pwd)\"; echo 'error[E0425]: cannot find value' >&2; exit 1", "required": true, "timeout": 60}]),
-    ));
-    start_detached(d, &repo, "gx", 2);
-    let st = d.wait_for(&repo.path, "gx", T, "the gate's failure", |s| {
-        s["state"] == "paused"
-    });
+    let st = paused_by_gate(
+        d,
+        &repo,
+        "gx",
+        json!({"name": "broken", "command": "echo \"gate-in $(pwd)\"; echo 'error[E0425]: cannot find value' >&2; exit 1", "required": true, "timeout": 60}),
+    );
     let reason = st["reason"].as_str().unwrap_or("");
     assert!(
         reason.contains("quality gate 'broken' failed on staging after level 1"),
