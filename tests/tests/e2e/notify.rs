@@ -272,13 +272,13 @@ fn events_limits_what_is_sent_and_a_bad_webhook_is_refused_naming_the_key() {
     // The task's failure was saved, and would have been sent, before the rush's: by the time
     // the rush's failure has also reached the desktop, a task_failed would have arrived too.
     // The stand-in's shell creates the file before it writes to it: wait for the whole line.
-    let desktop = || std::fs::read_to_string(&shown).unwrap_or_default();
+    let read_shown = || std::fs::read_to_string(&shown).unwrap_or_default();
     zerg_proto::testkit::poll(T, || {
-        let d = desktop();
+        let d = read_shown();
         d.contains("tasks complete") && d.ends_with('|')
     });
     assert_eq!(hook.events().len(), 1, "{:#?}", hook.events());
-    let desktop = desktop();
+    let desktop = read_shown();
     assert!(
         desktop.starts_with("--app-name=zerg|--|zerg: ne failed|")
             && desktop.contains("of 12 tasks complete"),
