@@ -11,24 +11,8 @@ use std::sync::{Condvar, Mutex};
 
 use crate::fsat::Dir;
 
-/// How much a container's objects may weigh (`container.max_object_size` and
-/// `container.max_pack_size`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImportLimits {
-    /// Largest object, inflated, in bytes: a loose object or any object of a pack.
-    pub max_object: u64,
-    /// Largest pack file, in bytes.
-    pub max_pack: u64,
-}
-
-impl Default for ImportLimits {
-    fn default() -> Self {
-        Self {
-            max_object: zerg_proto::contract::limits::MAX_OBJECT_BYTES,
-            max_pack: zerg_proto::contract::limits::MAX_PACK_BYTES,
-        }
-    }
-}
+/// The limits are the transfer's: a pushed pack and an imported object dir weigh the same.
+pub use crate::transfer::ImportLimits;
 
 /// Copies the objects worker `worker`'s containers wrote (into their private object dir,
 /// `<git dir>/zerg/<feature>/worker-<N>/objects`) into the repository's shared object store,

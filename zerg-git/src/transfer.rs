@@ -23,8 +23,26 @@ use std::process::Stdio;
 use gix::ObjectId;
 use gix::bstr::ByteSlice;
 
-use crate::objects::ImportLimits;
 use crate::{Error, Repo};
+
+/// How much a container's objects may weigh (`container.max_object_size` and
+/// `container.max_pack_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportLimits {
+    /// Largest object, inflated, in bytes: a loose object or any object of a pack.
+    pub max_object: u64,
+    /// Largest pack file, in bytes.
+    pub max_pack: u64,
+}
+
+impl Default for ImportLimits {
+    fn default() -> Self {
+        Self {
+            max_object: zerg_proto::contract::limits::MAX_OBJECT_BYTES,
+            max_pack: zerg_proto::contract::limits::MAX_PACK_BYTES,
+        }
+    }
+}
 
 /// One object to send, with the path it was found at (git's delta heuristics use it).
 #[derive(Debug, Clone, PartialEq, Eq)]
