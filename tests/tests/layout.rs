@@ -109,6 +109,8 @@ struct Named {
     segments: Vec<String>,
     /// The path from the crate root it stands for, when it names something in this crate.
     absolute: Option<ModPath>,
+    /// Named inside an inline `#[cfg(test)]` module.
+    in_test: bool,
 }
 
 /// A module scope: a file's own module, or an inline `mod x { … }` inside it.
@@ -271,6 +273,7 @@ impl Collector<'_> {
             text,
             segments,
             absolute,
+            in_test: self.in_test > 0,
         });
     }
 }
@@ -314,6 +317,7 @@ impl<'ast> Visit<'ast> for Collector<'_> {
                 text: format!("use {colon}{}", leaf.text),
                 segments: leaf.segments,
                 absolute,
+                in_test: self.in_test > 0,
             });
         }
     }
@@ -548,9 +552,27 @@ fn zergd_files_form_no_circle() {
     );
 }
 
-/// The circles of imports among the files under `src` (a crate's source root), each with the
-/// imports that make it; empty when there is none.
-fn circles(src: &Path) -> String {
+#[test]
+fn zerg_git_files_form_no_circle() {
+    // Its root (`lib.rs`) holds `Repo` and `Error`, which every module builds on, and
+    // re-exports their types: its own imports of them are the crate's face, not a circle.
+    let report = circles_below_root(&root().join("zerg-git/src"));
+    assert!(
+        report.is_empty(),
+        "zerg-git's files import each other in a circle. Break each circle below: move what \
+         both sides need into the module beneath them.\n{report}"
+    );
+}
+
+/// The imports among the files under `src` (a crate's source root): each file (relative
+/// path and module), and each edge between two files with one path that makes it. Test-only
+/// files (declared under `#[cfg(test)]`, named `tests.rs`, or below one) have no edge.
+struct Imports {
+    files: Vec<(PathBuf, ModPath)>,
+    edges: BTreeMap<(usize, usize), String>,
+}
+
+fn imports(src: &Path) -> Imports {
     // `main.rs` is the root of the binary, a crate of its own that reaches the library only
     // through `zergd::…`: no edge of the library's graph touches it.
     let files: Vec<(PathBuf, ModPath, syn::File)> = rust_files(src)
@@ -592,9 +614,7 @@ fn circles(src: &Path) -> String {
         (1..=module.len())
             .any(|n| module[n - 1] == "tests" || declared_in_tests.contains(&module[..n]))
     };
-    let shown = |i: usize| format!("{} ({})", show(&files[i].1), files[i].0.display());
-
-    let mut edges: BTreeMap<(usize, usize), &str> = BTreeMap::new();
+    let mut edges: BTreeMap<(usize, usize), String> = BTreeMap::new();
     for (from, info) in infos.iter().enumerate() {
         if test_only(&files[from].1) {
             continue;
@@ -611,10 +631,37 @@ fn circles(src: &Path) -> String {
                 && to != from
                 && !test_only(&files[to].1)
             {
-                edges.entry((from, to)).or_insert(&named.text);
+                edges
+                    .entry((from, to))
+                    .or_insert_with(|| named.text.clone());
             }
         }
     }
+    Imports {
+        files: files
+            .into_iter()
+            .map(|(rel, module, _)| (rel, module))
+            .collect(),
+        edges,
+    }
+}
+
+/// The circles of imports among the files under `src` (a crate's source root), each with the
+/// imports that make it; empty when there is none.
+fn circles(src: &Path) -> String {
+    report_circles(imports(src))
+}
+
+/// [`circles`], not counting what the crate root imports.
+fn circles_below_root(src: &Path) -> String {
+    let mut all = imports(src);
+    let root = all.files.iter().position(|(_, module)| module.is_empty());
+    all.edges.retain(|&(from, _), _| Some(from) != root);
+    report_circles(all)
+}
+
+fn report_circles(Imports { files, edges }: Imports) -> String {
+    let shown = |i: usize| format!("{} ({})", show(&files[i].1), files[i].0.display());
     let mut adjacency = vec![Vec::new(); files.len()];
     for &(from, to) in edges.keys() {
         adjacency[from].push(to);
@@ -681,6 +728,50 @@ fn no_wire_type_inside_the_supervisor() {
         "the supervisor names gRPC wire types (`zerg_proto::v1`); it should work on zergd's own \
          types and leave the conversion to the edges that speak gRPC (wire/, server.rs):\n{found}"
     );
+}
+
+#[test]
+fn no_wire_type_in_what_the_supervisor_imports() {
+    let found = wire_reached_from_supervisor(&root().join("zergd/src"));
+    assert!(
+        found.is_empty(),
+        "files the supervisor imports (directly or through others) name gRPC wire types, so \
+         the supervisor still builds them through those files; return zergd's own types there \
+         and convert in wire/ or server.rs:\n{found}"
+    );
+}
+
+/// The files outside `supervisor/` that its files reach through imports and that name gRPC
+/// wire types, each with the wire paths it names; empty when there is none.
+fn wire_reached_from_supervisor(src: &Path) -> String {
+    let Imports { files, edges } = imports(src);
+    let in_supervisor = |i: usize| files[i].1.first().is_some_and(|m| m == "supervisor");
+    let mut reached: BTreeSet<usize> = (0..files.len()).filter(|&i| in_supervisor(i)).collect();
+    let mut todo: Vec<usize> = reached.iter().copied().collect();
+    while let Some(from) = todo.pop() {
+        for &(f, to) in edges.keys() {
+            if f == from && reached.insert(to) {
+                todo.push(to);
+            }
+        }
+    }
+    let mut found = String::new();
+    for i in reached.into_iter().filter(|&i| !in_supervisor(i)) {
+        let (rel, module) = &files[i];
+        let info = collect(&parse(&src.join(rel)), module.clone(), &Exports::new());
+        // What its own tests name is theirs.
+        let wire: BTreeSet<&str> = info
+            .named
+            .iter()
+            .filter(|named| !named.in_test && names_wire(&named.segments))
+            .map(|named| named.text.as_str())
+            .collect();
+        if !wire.is_empty() {
+            let paths = wire.into_iter().collect::<Vec<_>>().join(", ");
+            writeln!(found, "  {}: {paths}", rel.display()).expect("a String");
+        }
+    }
+    found
 }
 
 #[test]
@@ -915,6 +1006,10 @@ fn each_layout_check_finds_a_rule_broken_on_purpose() {
     );
     let report = circles(&w.join("zergd/src"));
     assert!(report.contains("a circle of 2 files"), "{report}");
+    assert!(
+        circles_below_root(&w.join("zergd/src")).contains("a circle of 2 files"),
+        "a circle below the root counts without it"
+    );
     assert!(report.contains("a -> b (use crate::b::B)"), "{report}");
     assert!(
         !report.contains("c.rs"),
@@ -923,6 +1018,26 @@ fn each_layout_check_finds_a_rule_broken_on_purpose() {
     // Without the import back, no circle.
     write("zergd/src/b.rs", "//! b\npub struct B;\n");
     assert_eq!(circles(&w.join("zergd/src")), "");
+
+    // The supervisor builds a wire type through a file it imports (two steps away); the same
+    // type named only by that file's tests is not counted.
+    write(
+        "zergd/src/lib.rs",
+        "//! root\nmod a;\nmod b;\nmod supervisor;\n",
+    );
+    write("zergd/src/supervisor.rs", "//! s\nuse crate::a::A;\n");
+    write("zergd/src/a.rs", "//! a\npub struct A(crate::b::B);\n");
+    write(
+        "zergd/src/b.rs",
+        "//! b\npub struct B;\npub fn f() -> zerg_proto::v1::DiskUsage { todo!() }\n",
+    );
+    let found = wire_reached_from_supervisor(&w.join("zergd/src"));
+    assert!(found.contains("b.rs: zerg_proto::v1::DiskUsage"), "{found}");
+    write(
+        "zergd/src/b.rs",
+        "//! b\npub struct B;\n#[cfg(test)]\nmod tests {\n    fn f(_: zerg_proto::v1::DiskUsage) {}\n}\n",
+    );
+    assert_eq!(wire_reached_from_supervisor(&w.join("zergd/src")), "");
 
     // A launcher that names zergd, runs git and depends on zerg-git.
     write(

@@ -8,8 +8,6 @@
 
 use std::path::{Path, PathBuf};
 
-use zerg_proto::v1;
-
 use crate::git;
 
 /// The repository-relative files of a feature's state (whichever exist).
@@ -73,10 +71,21 @@ pub fn bytes_of(path: &Path) -> u64 {
     total
 }
 
+/// What a feature's rush uses on disk, in bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Its state, journal, lock, events file and spec snapshot.
+    pub state_bytes: u64,
+    /// Its worktrees.
+    pub worktree_bytes: u64,
+    /// The repository's logs (shared by its rushes).
+    pub log_bytes: u64,
+}
+
 /// What a feature's rush uses on disk now.
-pub fn usage(repo: &Path, feature: &str) -> v1::DiskUsage {
+pub fn usage(repo: &Path, feature: &str) -> Usage {
     let sum = |paths: Vec<PathBuf>| paths.iter().map(|p| bytes_of(&repo.join(p))).sum();
-    v1::DiskUsage {
+    Usage {
         state_bytes: sum(state_files(feature)),
         worktree_bytes: bytes_of(&worktrees_dir(repo, feature)),
         log_bytes: sum(log_files(repo)),
@@ -423,7 +432,7 @@ mod tests {
         assert!(!r.join(".zerg-worktrees").exists());
         let branches = git::git(r, &["branch", "--list", "zerg/*"]).unwrap();
         assert!(branches.is_empty(), "{branches}");
-        assert_eq!(usage(r, "f"), v1::DiskUsage::default());
+        assert_eq!(usage(r, "f"), Usage::default());
     }
 
     #[test]

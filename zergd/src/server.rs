@@ -189,7 +189,8 @@ impl Control for Services {
         let (repo, feature) = (PathBuf::from(&st.repo), st.feature.clone());
         st.disk = tokio::task::spawn_blocking(move || crate::disk::usage(&repo, &feature))
             .await
-            .ok();
+            .ok()
+            .map(crate::wire::status::disk_usage);
         Ok(Response::new(st))
     }
 

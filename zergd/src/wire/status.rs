@@ -220,6 +220,15 @@ fn tokens(t: &Tokens) -> v1::Tokens {
     }
 }
 
+/// What a rush uses on disk, as `status` sends it.
+pub fn disk_usage(u: crate::disk::Usage) -> v1::DiskUsage {
+    v1::DiskUsage {
+        state_bytes: u.state_bytes,
+        worktree_bytes: u.worktree_bytes,
+        log_bytes: u.log_bytes,
+    }
+}
+
 /// A rush's line in `List`, from its registry entry.
 pub fn rush_summary(e: &RegistryEntry) -> v1::RushSummary {
     v1::RushSummary {
