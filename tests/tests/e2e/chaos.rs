@@ -375,6 +375,83 @@ fn an_agent_that_hangs_without_printing_is_timed_out_and_retried() {
 }
 
 #[test]
+fn a_hung_agent_killed_at_its_timeout_leaves_no_child_while_its_worker_lives() {
+    // The worker agent's own timeout (not zergd's watchdog, which kills the whole worker and
+    // so everything in it): the CLI is killed, and what it started, in its group and in a
+    // session of its own, must be gone right then, with the worker that ran it still alive.
+    let repo = TestRepo::new();
+    repo.write_graph("hto", &graph_12("hto"));
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("agent.timeout_seconds", 2)
+            .set("workers.task_stale_timeout_seconds", 600),
+    );
+    let pids = tempfile::tempdir().unwrap();
+    let dir = pids.path().display();
+    let start = format!(
+        "echo $PPID > {dir}/agent.pid; sleep 1000 >/dev/null 2>&1 & echo $! > {dir}/child.pid; \
+         setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 1000' \
+         >/dev/null 2>&1 & while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
+    );
+    // Level 2 waits, so that every worker is alive when the leftovers are judged.
+    let release = pids.path().join("release");
+    repo.write_script(
+        "hto",
+        &json!({"tasks": {
+            "G-L1-001": {"attempts": [
+                [{"op": "shell", "command": start}, {"op": "hang"}],
+                [{"op": "write_owned"}]
+            ]},
+            "G-L2-001": [{"op": "wait_for_file", "path": release, "timeout_ms": 120_000}, {"op": "write_owned"}],
+        }}),
+    );
+    let d = Daemon::start();
+    assert!(
+        d.ctl_in(&repo.path, &["rush", "hto", "--workers", "3", "--detach"])
+            .status
+            .success()
+    );
+    let mid = d.wait_for(
+        &repo.path,
+        "hto",
+        T,
+        "the retry done, level 2 waiting",
+        |s| {
+            s["tasks"]["G-L1-001"]["status"] == "complete"
+                && s["tasks"]["G-L2-001"]["status"] == "in_progress"
+        },
+    );
+    let read = |name: &str| -> i32 {
+        std::fs::read_to_string(pids.path().join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let started = [read("agent.pid"), read("child.pid"), read("sid.pid")];
+    let left: Vec<i32> = started.into_iter().filter(|p| alive(*p)).collect();
+    for p in &left {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    assert!(
+        left.is_empty(),
+        "still running after the agent's timeout: {left:?} of {started:?}"
+    );
+    // No worker died meanwhile: the one that ran the hung attempt killed them itself.
+    for (w, ws) in mid["workers"].as_object().unwrap() {
+        let pid = ws["pid"].as_i64().unwrap_or(0) as i32;
+        assert!(pid > 0 && alive(pid), "worker {w} is gone: {mid}");
+        assert_eq!(ws["respawns"], 0, "worker {w}: {mid}");
+    }
+    assert_eq!(mid["tasks"]["G-L1-001"]["attempts"], 2, "{mid}");
+    std::fs::write(&release, "go").unwrap();
+    assert_complete_exactly_once(&d, &repo, "hto");
+    let log = monitor(&repo);
+    assert!(log.contains("agent.timeout_seconds"), "{log}");
+}
+
+#[test]
 fn an_agent_that_reports_a_rate_limit_pauses_new_work_without_burning_retries() {
     let repo = TestRepo::new();
     repo.write_graph("rl", &graph_12("rl"));
