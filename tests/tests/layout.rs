@@ -570,6 +570,8 @@ fn zerg_git_files_form_no_circle() {
 struct Imports {
     files: Vec<(PathBuf, ModPath)>,
     edges: BTreeMap<(usize, usize), String>,
+    /// Every path each file names, in the order of `files`.
+    named: Vec<Vec<Named>>,
 }
 
 fn imports(src: &Path) -> Imports {
@@ -643,6 +645,7 @@ fn imports(src: &Path) -> Imports {
             .map(|(rel, module, _)| (rel, module))
             .collect(),
         edges,
+        named: infos.into_iter().map(|info| info.named).collect(),
     }
 }
 
@@ -660,7 +663,7 @@ fn circles_below_root(src: &Path) -> String {
     report_circles(all)
 }
 
-fn report_circles(Imports { files, edges }: Imports) -> String {
+fn report_circles(Imports { files, edges, .. }: Imports) -> String {
     let shown = |i: usize| format!("{} ({})", show(&files[i].1), files[i].0.display());
     let mut adjacency = vec![Vec::new(); files.len()];
     for &(from, to) in edges.keys() {
@@ -744,7 +747,11 @@ fn no_wire_type_in_what_the_supervisor_imports() {
 /// The files outside `supervisor/` that its files reach through imports and that name gRPC
 /// wire types, each with the wire paths it names; empty when there is none.
 fn wire_reached_from_supervisor(src: &Path) -> String {
-    let Imports { files, edges } = imports(src);
+    let Imports {
+        files,
+        edges,
+        named,
+    } = imports(src);
     let in_supervisor = |i: usize| files[i].1.first().is_some_and(|m| m == "supervisor");
     let mut reached: BTreeSet<usize> = (0..files.len()).filter(|&i| in_supervisor(i)).collect();
     let mut todo: Vec<usize> = reached.iter().copied().collect();
@@ -757,18 +764,15 @@ fn wire_reached_from_supervisor(src: &Path) -> String {
     }
     let mut found = String::new();
     for i in reached.into_iter().filter(|&i| !in_supervisor(i)) {
-        let (rel, module) = &files[i];
-        let info = collect(&parse(&src.join(rel)), module.clone(), &Exports::new());
         // What its own tests name is theirs.
-        let wire: BTreeSet<&str> = info
-            .named
+        let wire: BTreeSet<&str> = named[i]
             .iter()
             .filter(|named| !named.in_test && names_wire(&named.segments))
             .map(|named| named.text.as_str())
             .collect();
         if !wire.is_empty() {
             let paths = wire.into_iter().collect::<Vec<_>>().join(", ");
-            writeln!(found, "  {}: {paths}", rel.display()).expect("a String");
+            writeln!(found, "  {}: {paths}", files[i].0.display()).expect("a String");
         }
     }
     found

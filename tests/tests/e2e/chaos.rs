@@ -388,11 +388,10 @@ fn a_hung_agent_killed_at_its_timeout_leaves_no_child_while_its_worker_lives() {
             .set("workers.task_stale_timeout_seconds", 600),
     );
     let pids = tempfile::tempdir().unwrap();
-    let dir = pids.path().display();
     let start = format!(
-        "echo $PPID > {dir}/agent.pid; sleep 1000 >/dev/null 2>&1 & echo $! > {dir}/child.pid; \
-         setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 1000' \
-         >/dev/null 2>&1 & while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
+        "echo $PPID > {}/agent.pid; {}",
+        pids.path().display(),
+        leave_children(pids.path())
     );
     // Level 2 waits, so that every worker is alive when the leftovers are judged.
     let release = pids.path().join("release");
@@ -422,21 +421,10 @@ fn a_hung_agent_killed_at_its_timeout_leaves_no_child_while_its_worker_lives() {
                 && s["tasks"]["G-L2-001"]["status"] == "in_progress"
         },
     );
-    let read = |name: &str| -> i32 {
-        std::fs::read_to_string(pids.path().join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let started = [read("agent.pid"), read("child.pid"), read("sid.pid")];
-    let left: Vec<i32> = started.into_iter().filter(|p| alive(*p)).collect();
-    for p in &left {
-        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
-    }
+    let left = kill_survivors(pids.path(), &["agent.pid", "bg.pid", "sid.pid"]);
     assert!(
         left.is_empty(),
-        "still running after the agent's timeout: {left:?} of {started:?}"
+        "still running after the agent's timeout: {left:?}"
     );
     // No worker died meanwhile: the one that ran the hung attempt killed them itself.
     for (w, ws) in mid["workers"].as_object().unwrap() {
@@ -572,6 +560,40 @@ fn an_agent_that_hangs_after_its_result_event_is_stopped_and_its_work_kept() {
     );
 }
 
+/// A shell command that leaves two processes running once it returns, both holding the agent's
+/// output open as a server started in the background does: a `sleep` in the background (its
+/// pid in `dir/bg.pid`) and one in a session of its own, out of every process group the worker
+/// could signal (`dir/sid.pid`). It returns only once both pids are written.
+fn leave_children(dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        "sleep 1000 & echo $! > {dir}/bg.pid; \
+         setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 1000' & \
+         while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
+    )
+}
+
+/// The pids named in `files` (under `dir`) that still run, each killed so that a failing test
+/// leaves nothing behind.
+fn kill_survivors(dir: &Path, files: &[&str]) -> Vec<(String, i32)> {
+    let left: Vec<(String, i32)> = files
+        .iter()
+        .map(|name| {
+            let pid = std::fs::read_to_string(dir.join(name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name.to_string(), pid)
+        })
+        .filter(|(_, pid)| alive(*pid))
+        .collect();
+    for (_, pid) in &left {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    left
+}
+
 #[test]
 fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
     // An agent CLI that puts a server in the background and starts a daemon in a session of
@@ -581,12 +603,7 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
     repo.write_graph("left", &graph_12("left"));
     repo.configure(&Config::fake_agent().fast_workers());
     let pids = tempfile::tempdir().unwrap();
-    let dir = pids.path().display();
-    let command = format!(
-        "sleep 300 & echo $! > {dir}/bg.pid; \
-         setsid sh -c 'echo $$ > {dir}/sid.tmp; mv {dir}/sid.tmp {dir}/sid.pid; exec sleep 300' & \
-         while [ ! -e {dir}/sid.pid ]; do sleep 0.01; done"
-    );
+    let command = leave_children(pids.path());
     // Level 2 waits, so that both workers are still alive when the leftovers are judged: once
     // the rush ends every process is gone anyway.
     let release = pids.path().join("release");
@@ -607,20 +624,7 @@ fn what_the_agent_cli_leaves_running_is_killed_when_it_exits() {
         s["tasks"]["G-L1-002"]["status"] == "complete"
             && s["tasks"]["G-L2-001"]["status"] == "in_progress"
     });
-    let read = |name: &str| -> i32 {
-        std::fs::read_to_string(pids.path().join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let left: Vec<i32> = [read("bg.pid"), read("sid.pid")]
-        .into_iter()
-        .filter(|p| alive(*p))
-        .collect();
-    for p in &left {
-        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
-    }
+    let left = kill_survivors(pids.path(), &["bg.pid", "sid.pid"]);
     assert!(
         left.is_empty(),
         "still running after the agent exited: {left:?}"
