@@ -496,3 +496,72 @@ fn setup_runs_again_only_when_a_level_merge_changed_a_setup_when_changed_file() 
         "the second run saw the new lock file: {lines:?}"
     );
 }
+
+/// Runs graph 12 on two workers, every task's check needing what `setup` made (a directory of
+/// its own, as a venv or `node_modules` is, and a generated file beside tracked ones), in a
+/// repository that ignores nothing and tracks `NOTES.md`; returns the files on staging and how
+/// many times the setup ran.
+fn rush_with_setup(feature: &str, setup: &str) -> (TestRepo, Vec<String>, usize) {
+    let repo = TestRepo::new();
+    std::fs::write(repo.path.join("NOTES.md"), "notes\n").unwrap();
+    git(&repo.path, &["add", "NOTES.md"]);
+    git(&repo.path, &["commit", "-qm", "notes"]);
+    repo.write_graph(
+        feature,
+        &graph_verified_by(
+            feature,
+            "test -f deps/lib/a.txt && test -f gen.txt && test -f",
+        ),
+    );
+    repo.configure(
+        &Config::fake_agent()
+            .fast_workers()
+            .set("worktree.setup", [setup]),
+    );
+    let d = Daemon::start();
+    ok(&d.ctl_in(&repo.path, &["rush", feature, "--workers", "2", "--detach"]));
+    let st = d.wait_end(&repo.path, feature, T);
+    assert_eq!(st["state"], "complete", "{st}\n{}", monitor(&repo));
+    assert_eq!(tasks_with(&st, "complete"), graph_12_ids());
+    let files = repo.files_on(&format!("zerg/{feature}/staging"));
+    assert!(
+        !files
+            .iter()
+            .any(|f| f == "gen.txt" || f.starts_with("deps")),
+        "what the setup made reached staging: {files:?}"
+    );
+    let mut runs = 0;
+    for e in std::fs::read_dir(repo.path.join(".zerg/logs"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("worker-") && name.ends_with(".log") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            runs += text.matches("worktree.setup[0]: mkdir").count();
+        }
+    }
+    (repo, files, runs)
+}
+
+const MAKE_DEPS: &str = "mkdir -p deps/lib && echo a > deps/lib/a.txt && echo gen > gen.txt";
+
+#[test]
+fn what_only_worktree_setup_makes_stays_off_staging_and_serves_every_later_task() {
+    let (_repo, _files, runs) = rush_with_setup("su", MAKE_DEPS);
+    // Once per worker process: what it made survived every move between tasks.
+    assert!((1..=2).contains(&runs), "setup ran {runs} times");
+}
+
+#[test]
+fn a_tracked_file_only_worktree_setup_changed_is_put_back_before_each_commit() {
+    let (repo, _files, runs) =
+        rush_with_setup("st", &format!("{MAKE_DEPS} && echo setup >> NOTES.md"));
+    assert_eq!(
+        git(&repo.path, &["show", "zerg/st/staging:NOTES.md"]),
+        "notes",
+        "a tracked file only the setup changed stays as it was"
+    );
+    // Put back, it is the setup's again before the next task.
+    assert!(runs > 2, "setup ran {runs} times");
+}

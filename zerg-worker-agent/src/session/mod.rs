@@ -144,6 +144,8 @@ pub struct Session {
     detail: Arc<std::sync::Mutex<String>>,
     /// What the last `worktree.setup` that succeeded ran for (see [`setup::Setup`]).
     setup_key: Option<u64>,
+    /// What `worktree.setup` made in the worktree (see [`setup::Made`]): never committed.
+    setup_made: setup::Made,
     /// A remote worker wrote `worktree.copy`'s files into its workspace (once per process).
     copies_fetched: bool,
     /// The `worktree.setup` command running now, and since when: each heartbeat says so, with
@@ -237,6 +239,7 @@ impl Session {
             git_dir,
             worktree_at: None,
             setup_key: None,
+            setup_made: setup::Made::default(),
             setup_running: None,
             attempt: Report::default(),
             detail: Arc::default(),

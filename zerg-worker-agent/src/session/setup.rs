@@ -43,6 +43,7 @@ impl Session {
         if self.setup_key == Some(key) {
             return Setup::Ready;
         }
+        let before = Made::find(&self.env.worktree).await;
         let started = Instant::now();
         let limit = Duration::from_secs(setup.timeout_seconds.max(1));
         for (i, cmd) in setup.commands.iter().enumerate() {
@@ -100,9 +101,123 @@ impl Session {
                 ));
             }
         }
+        let after = Made::find(&self.env.worktree).await;
+        self.setup_made.add(before, after);
+        if !self.setup_made.untracked.is_empty() || !self.setup_made.tracked.is_empty() {
+            eprintln!(
+                "zerg-worker-agent: worktree.setup made or changed (never committed): {}",
+                self.setup_made.names()
+            );
+        }
         self.setup_key = Some(key);
         Setup::Ready
     }
+
+    /// Puts back the tracked files only `worktree.setup` changed, before a commit, so the task
+    /// commits the agent's work; a file the agent changed after the setup is the agent's. The
+    /// setup runs again before the next task, since what it changed is gone.
+    pub(super) async fn restore_setup_changes(&mut self) {
+        let mut restored = Vec::new();
+        for (path, left) in &self.setup_made.tracked {
+            if content_hash(&self.env.worktree.join(path)).await == *left
+                && run::git(&self.env.worktree, &["checkout", "-q", "HEAD", "--", path])
+                    .await
+                    .is_ok()
+            {
+                restored.push(path.as_str());
+            }
+        }
+        if !restored.is_empty() {
+            eprintln!(
+                "zerg-worker-agent: left out what only worktree.setup changed: {}",
+                restored.join(", ")
+            );
+            self.setup_key = None;
+            self.setup_made.tracked.clear();
+        }
+    }
+}
+
+/// What `worktree.setup` left in the worktree: the untracked paths it made (a directory made
+/// whole, such as `.venv/` or `node_modules/` in a repository that does not ignore them, is one
+/// entry) and the tracked files it changed, with a hash of what it left in each. The untracked
+/// ones stay for the next task and are left out of every commit, status and clean, as the
+/// handoff directory is.
+#[derive(Default)]
+pub(super) struct Made {
+    /// Untracked paths, relative to the worktree, without a trailing `/`.
+    pub(super) untracked: Vec<String>,
+    /// Tracked files and the hash of their content after the setup (`None`: removed).
+    pub(super) tracked: Vec<(String, Option<u64>)>,
+}
+
+impl Made {
+    /// The untracked paths (git's own listing, whole new directories as one) and the changed
+    /// tracked files now, as `tracked` holds them; empty where git cannot say.
+    async fn find(wt: &Path) -> Made {
+        let list = |args: &'static [&'static str]| async move {
+            run::git(wt, args)
+                .await
+                .map(|out| {
+                    out.split('\0')
+                        .map(|p| p.trim_end_matches('/').to_string())
+                        .filter(|p| !p.is_empty() && !task::under_task_dir(p))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let untracked = list(&[
+            "ls-files",
+            "-z",
+            "--others",
+            "--directory",
+            "--no-empty-directory",
+            "--exclude-standard",
+        ])
+        .await;
+        let mut tracked = Vec::new();
+        for p in list(&["ls-files", "-z", "--modified", "--deleted"]).await {
+            if !tracked.iter().any(|(q, _)| *q == p) {
+                let h = content_hash(&wt.join(&p)).await;
+                tracked.push((p, h));
+            }
+        }
+        Made { untracked, tracked }
+    }
+
+    /// Adds what a setup made: what is in `after` and was not in `before`.
+    fn add(&mut self, before: Made, after: Made) {
+        for p in after.untracked {
+            if !before.untracked.contains(&p) && !self.untracked.contains(&p) {
+                self.untracked.push(p);
+            }
+        }
+        for (p, h) in after.tracked {
+            if !before.tracked.iter().any(|(q, g)| *q == p && *g == h) {
+                self.tracked.retain(|(q, _)| *q != p);
+                self.tracked.push((p, h));
+            }
+        }
+    }
+
+    /// The names, for the worker's log (the first 20).
+    fn names(&self) -> String {
+        self.untracked
+            .iter()
+            .chain(self.tracked.iter().map(|(p, _)| p))
+            .take(20)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A hash of a file's bytes; `None` when it cannot be read (removed).
+async fn content_hash(path: &Path) -> Option<u64> {
+    let bytes = tokio::fs::read(path).await.ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    Some(h.finish())
 }
 
 /// What a setup ran for: the commands and the content of each `when_changed` file (absent is a

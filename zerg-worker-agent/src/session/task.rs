@@ -6,6 +6,14 @@ use super::*;
 /// The handoff directory, relative to the worktree; never committed.
 const TASK_DIR: &str = ".zerg-task";
 
+/// Whether `path` (relative to the worktree) is the handoff directory or under it.
+pub(super) fn under_task_dir(path: &str) -> bool {
+    path == TASK_DIR
+        || path
+            .strip_prefix(TASK_DIR)
+            .is_some_and(|r| r.starts_with('/'))
+}
+
 impl Session {
     pub(super) fn task_dir(&self) -> PathBuf {
         self.env.worktree.join(TASK_DIR)
@@ -40,9 +48,15 @@ impl Session {
     /// are left out: naming an ignored path makes `git add` fail.
     pub(super) async fn pathspec_excludes(&self) -> Vec<String> {
         // The spec is not excluded here (in a container it is ignored, and naming an ignored
-        // path fails `git add`): `restore_spec` puts it back in the index instead.
+        // path fails `git add`): `restore_spec` puts it back in the index instead. What the
+        // setup made is untracked and not ignored, so naming it is safe.
         let paths = vec![TASK_DIR.to_string()];
-        let mut v = Vec::new();
+        let mut v: Vec<String> = self
+            .setup_made
+            .untracked
+            .iter()
+            .map(|p| format!(":(exclude){p}"))
+            .collect();
         for p in paths {
             if run::git(&self.env.worktree, &["check-ignore", "-q", &p])
                 .await
@@ -58,6 +72,7 @@ impl Session {
     /// Inside a level the base is usually this worker's own last commit, with nothing changed
     /// since: then there is nothing to reset.
     pub(super) async fn prepare_worktree(&mut self, task: &v1::Task) -> Result<(), String> {
+        let skips = self.skips();
         let wt = &self.env.worktree;
         // An earlier process of this slot, or the agent CLI of an earlier attempt that was
         // stopped, may have been killed in the middle of a git command. The slot's worktree is
@@ -82,10 +97,12 @@ impl Session {
             // files are that commit's, and the move takes no status.
             let known_clean = left.as_ref().is_some_and(|l| l.committed);
             let from = left.map(|l| l.commit);
+            let skips = skips.clone();
             match self
                 .in_repo(move |r| {
                     let from = from.or_else(|| r.commit_id("HEAD")).unwrap_or_default();
-                    r.checkout_clean(&from, &base, &[TASK_DIR], known_clean)
+                    let skips: Vec<&str> = skips.iter().map(String::as_str).collect();
+                    r.checkout_clean(&from, &base, &skips, known_clean)
                 })
                 .await
             {
@@ -105,7 +122,12 @@ impl Session {
             eprintln!("zerg-worker-agent: git fallback ({why}) to {base}");
             run::git(wt, &["reset", "--hard", "-q", base]).await?;
             let rel = self.env.spec_rel();
-            run::git(wt, &["clean", "-fdq", "-e", TASK_DIR, "-e", &rel]).await?;
+            let mut clean = vec!["clean".to_string(), "-fdq".into(), "-e".into(), rel];
+            for p in &skips {
+                clean.extend(["-e".to_string(), format!("/{p}")]);
+            }
+            let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
+            run::git(wt, &clean).await?;
         }
         empty_task_dir(&self.task_dir()).await?;
         if !task.resume_from.is_empty()
@@ -553,6 +575,7 @@ impl Session {
         if let Some(before) = &agent_changed {
             self.drop_byproducts(&task, before).await;
         }
+        self.restore_setup_changes().await;
         // Commit.
         self.set_step(v1::Step::Committing, 95);
         let (commit, changed) = match self.commit(&task).await {
@@ -657,13 +680,17 @@ impl Session {
         );
         let done = self
             .in_repo({
-                let (base, spec, who, msg) = (
+                let (base, spec, who, msg, skips) = (
                     task.base_commit.clone(),
                     self.env.spec_rel(),
                     self.who.clone(),
                     msg.clone(),
+                    self.skips(),
                 );
-                move |r| r.commit_worktree(&base, &spec, &[TASK_DIR], &msg, &who)
+                move |r| {
+                    let skips: Vec<&str> = skips.iter().map(String::as_str).collect();
+                    r.commit_worktree(&base, &spec, &skips, &msg, &who)
+                }
             })
             .await;
         match done {
@@ -701,14 +728,26 @@ impl Session {
     /// The paths that differ from `HEAD` (untracked ones included, the handoff directory and
     /// the spec left out), read in process; `None` where only git could say.
     async fn changed_paths(&self) -> Option<std::collections::HashSet<String>> {
-        let spec = self.env.spec_rel();
+        let mut skips = self.skips();
+        skips.push(self.env.spec_rel());
         match self
-            .in_repo(move |r| r.uncommitted_paths(&[TASK_DIR, &spec]))
+            .in_repo(move |r| {
+                let skips: Vec<&str> = skips.iter().map(String::as_str).collect();
+                r.uncommitted_paths(&skips)
+            })
             .await
         {
             Some(Ok(Ok(paths))) => Some(paths.into_iter().collect()),
             _ => None,
         }
+    }
+
+    /// The paths every status, commit and clean of the worktree leaves alone: the handoff
+    /// directory and what `worktree.setup` made.
+    fn skips(&self) -> Vec<String> {
+        let mut v = vec![TASK_DIR.to_string()];
+        v.extend(self.setup_made.untracked.iter().cloned());
+        v
     }
 
     /// Puts back what only the verification tiers changed, so the task commits the agent's
