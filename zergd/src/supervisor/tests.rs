@@ -575,6 +575,52 @@ fn work_stealing_gives_a_free_worker_the_next_ready_task_at_once() {
     assert_eq!(fx.merge.expect("level merge").level, 1);
 }
 
+#[test]
+fn the_ready_task_with_the_longest_chain_behind_it_starts_first_by_estimate_too() {
+    // No estimates: A-L1-003 has two levels of work behind it, A-L1-002 one, A-L1-001 none.
+    let mut h = H::new(
+        vec![
+            task("A-L1-001", 1, &[]),
+            task("A-L1-002", 1, &[]),
+            task("A-L1-003", 1, &[]),
+            task("A-L2-001", 2, &["A-L1-002"]),
+            task("A-L2-002", 2, &["A-L1-003"]),
+            task("A-L3-001", 3, &["A-L2-002"]),
+        ],
+        1,
+        config(|_| {}),
+    );
+    h.start();
+    assert_eq!(h.r.ready_tasks(), ["A-L1-003", "A-L1-002", "A-L1-001"]);
+    assert_eq!(h.join(0).expect("task").task_id, "A-L1-003");
+    // The order comes from the graph alone: a rebuilt rush whose worker is gone puts the task
+    // back first.
+    h.restart(&super::rush::Observed::default());
+    assert_eq!(h.task("A-L1-003").status, TaskStatus::Pending);
+    assert_eq!(h.r.ready_tasks(), ["A-L1-003", "A-L1-002", "A-L1-001"]);
+
+    // With estimates, minutes count, not tasks: one long task outweighs a chain of short ones,
+    // and a task without one weighs the median estimate (10 here).
+    let est = |mut t: Value, m: u32| {
+        t["estimate_minutes"] = json!(m);
+        t
+    };
+    let mut h = H::new(
+        vec![
+            est(task("A-L1-001", 1, &[]), 5),
+            est(task("A-L1-002", 1, &[]), 60),
+            task("A-L1-003", 1, &[]),
+            est(task("A-L2-001", 2, &["A-L1-001"]), 10),
+            est(task("A-L2-002", 2, &["A-L1-003"]), 10),
+        ],
+        1,
+        config(|_| {}),
+    );
+    h.start();
+    // A-L1-002: 60; A-L1-003: 10 + 10; A-L1-001: 5 + 10.
+    assert_eq!(h.r.ready_tasks(), ["A-L1-002", "A-L1-003", "A-L1-001"]);
+}
+
 // === 3: fencing ===
 
 #[test]

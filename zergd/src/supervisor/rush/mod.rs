@@ -317,16 +317,78 @@ pub use crate::domain::{staging_branch, worker_branch};
 pub struct GraphIndex {
     by_level: BTreeMap<u32, Vec<usize>>,
     by_id: HashMap<String, usize>,
+    /// Each task's critical chain: its own weight plus the heaviest chain of the tasks that
+    /// depend on it, by index (see [`critical_chains`]).
+    chain: Vec<f64>,
 }
 
 impl GraphIndex {
-    /// Indexes the tasks of `graph` from the `from`-th on.
+    /// Indexes the tasks of `graph` from the `from`-th on (the chains of every task, since a
+    /// new task can lengthen its dependencies' chains).
     fn extend(&mut self, graph: &TaskGraph, from: usize) {
         for (i, t) in graph.tasks.iter().enumerate().skip(from) {
             self.by_level.entry(t.level).or_default().push(i);
             self.by_id.insert(t.id.clone(), i);
         }
+        self.chain = critical_chains(graph, &self.by_id);
     }
+}
+
+/// The length of the heaviest chain of dependents that starts at each task (by index), the
+/// task itself included. A task weighs its `estimate_minutes`; one without an estimate weighs
+/// the median of the graph's estimates (1 when none has one), so that a graph with no
+/// estimates counts tasks. A dependency that names no task is left out; a cycle (refused when
+/// the graph is read) cannot make this loop.
+fn critical_chains(graph: &TaskGraph, by_id: &HashMap<String, usize>) -> Vec<f64> {
+    let mut given: Vec<u32> = graph
+        .tasks
+        .iter()
+        .filter_map(|t| t.estimate_minutes)
+        .collect();
+    given.sort_unstable();
+    let default = given.get(given.len() / 2).map_or(1.0, |m| f64::from(*m));
+    let weight: Vec<f64> = graph
+        .tasks
+        .iter()
+        .map(|t| t.estimate_minutes.map_or(default, f64::from))
+        .collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); graph.tasks.len()];
+    for (i, t) in graph.tasks.iter().enumerate() {
+        for d in &t.dependencies {
+            if let Some(&j) = by_id.get(d) {
+                dependents[j].push(i);
+            }
+        }
+    }
+    // Iterative depth-first search: 0 unseen, 1 on the path, 2 done.
+    let mut chain = vec![0.0; graph.tasks.len()];
+    let mut mark = vec![0u8; graph.tasks.len()];
+    for root in 0..graph.tasks.len() {
+        if mark[root] != 0 {
+            continue;
+        }
+        let mut stack = vec![(root, 0usize)];
+        mark[root] = 1;
+        while let Some(&mut (at, ref mut next)) = stack.last_mut() {
+            if let Some(&d) = dependents[at].get(*next) {
+                *next += 1;
+                if mark[d] == 0 {
+                    mark[d] = 1;
+                    stack.push((d, 0));
+                }
+                continue;
+            }
+            let longest = dependents[at]
+                .iter()
+                .filter(|&&d| mark[d] == 2)
+                .map(|&d| chain[d])
+                .fold(0.0, f64::max);
+            chain[at] = weight[at] + longest;
+            mark[at] = 2;
+            stack.pop();
+        }
+    }
+    chain
 }
 
 /// One rush.
@@ -505,6 +567,16 @@ impl Rush {
         let from = self.graph.tasks.len();
         self.graph.tasks.extend(tasks);
         self.shape.extend(&self.graph, from);
+    }
+
+    /// The weight of the heaviest chain of tasks that starts at task `id` (0 for no task).
+    pub fn critical_chain(&self, id: &str) -> f64 {
+        self.shape
+            .by_id
+            .get(id)
+            .and_then(|i| self.shape.chain.get(*i))
+            .copied()
+            .unwrap_or(0.0)
     }
 
     /// The task of the graph with id `id`.

@@ -293,18 +293,24 @@ impl Rush {
         self.doc.rush.rate_limited_until_ms > unix_millis(wall)
     }
 
-    /// Pending tasks of the current level whose dependencies are complete, in graph order.
+    /// Pending tasks of the current level whose dependencies are complete, the longest
+    /// critical chain first (ties in graph order): the task with the most work waiting behind
+    /// it starts first. The chains come from the graph alone, so a restarted zergd keeps the
+    /// order.
     pub fn ready_tasks(&self) -> Vec<String> {
         let level = self.doc.current_level;
-        self.level_tasks(level)
+        let mut ready: Vec<(f64, String)> = self
+            .level_tasks(level)
             .filter(|t| self.task_status(&t.id) == Some(TaskStatus::Pending))
             .filter(|t| {
                 t.dependencies
                     .iter()
                     .all(|d| self.task_status(d) == Some(TaskStatus::Complete))
             })
-            .map(|t| t.id.clone())
-            .collect()
+            .map(|t| (self.critical_chain(&t.id), t.id.clone()))
+            .collect();
+        ready.sort_by(|a, b| b.0.total_cmp(&a.0));
+        ready.into_iter().map(|(_, id)| id).collect()
     }
 
     pub(super) fn lease(
