@@ -24,6 +24,11 @@
 //! a usage limit that resets. `--for SECONDS` does the same for SECONDS from the first Messages
 //! request, so the window opens when the client gets there, however long it took to start.
 //! Every request is logged to stderr as one line.
+//!
+//! Each file a task creates gets the task's id and every `TOKEN-…` word of its prompt, so a
+//! verification can ask for a token that only a failed attempt's output names. `--record FILE`
+//! appends each task's first request, as the API got it, to FILE as a JSON line
+//! (`{"task": …, "prompt": …}`).
 
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -52,6 +57,8 @@ struct Server {
     /// When a `--for` hold ends, once the first Messages request has set it.
     hold_end: OnceLock<u64>,
     next_id: AtomicU64,
+    /// `--record`: where each task's first request is appended.
+    record: Option<std::path::PathBuf>,
 }
 
 fn now_s() -> u64 {
@@ -64,6 +71,7 @@ fn main() -> ExitCode {
     let mut mode = Mode::Ok;
     let mut until = None;
     let mut hold_for = None;
+    let mut record = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -97,6 +105,10 @@ fn main() -> ExitCode {
                 hold_for = Some(t);
                 i += 2;
             }
+            ("--record", Some(f)) => {
+                record = Some(std::path::PathBuf::from(f));
+                i += 2;
+            }
             (other, _) => {
                 eprintln!("messages-api: unknown argument {other:?}");
                 return ExitCode::from(2);
@@ -119,6 +131,7 @@ fn main() -> ExitCode {
         hold_for,
         hold_end: OnceLock::new(),
         next_id: AtomicU64::new(1),
+        record,
     });
     for stream in listener.incoming().flatten() {
         let server = server.clone();
@@ -216,6 +229,17 @@ impl Server {
         let mut blocks: Vec<Value> = Vec::new();
         let stop = match task_id(&prompt) {
             Some(task) if !answered => {
+                if let Some(file) = &self.record {
+                    let line = format!("{}\n", json!({"task": task, "prompt": prompt}));
+                    let appended = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(file)
+                        .and_then(|mut f| f.write_all(line.as_bytes()));
+                    if let Err(e) = appended {
+                        eprintln!("messages-api: cannot record to {}: {e}", file.display());
+                    }
+                }
                 blocks.push(json!({"type": "text", "text": format!("Working on {task}.")}));
                 let command = write_files_command(&task, &prompt);
                 blocks.push(json!({
@@ -340,6 +364,13 @@ fn task_id(prompt: &str) -> Option<String> {
 /// and appends to the ones it names as modified.
 fn write_files_command(task: &str, prompt: &str) -> String {
     let (create, modify) = zerg_tests::owned_files(prompt);
+    // The prompt's `TOKEN-` words, shell-safe, for the files it creates.
+    let mut tokens: Vec<&str> = prompt
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("TOKEN-") && w.len() > "TOKEN-".len())
+        .collect();
+    tokens.dedup();
+    let tokens: String = tokens.iter().map(|t| format!(" {t}")).collect();
     let mut cmds = Vec::new();
     let files = create
         .iter()
@@ -355,7 +386,8 @@ fn write_files_command(task: &str, prompt: &str) -> String {
             .map(|d| d.to_string_lossy().to_string())
             .filter(|d| !d.is_empty())
             .unwrap_or_else(|| ".".into());
-        cmds.push(format!("mkdir -p '{dir}' && echo {task} {op} '{p}'"));
+        let words = if op == ">" { tokens.as_str() } else { "" };
+        cmds.push(format!("mkdir -p '{dir}' && echo {task}{words} {op} '{p}'"));
     }
     if cmds.is_empty() {
         cmds.push("true".into());

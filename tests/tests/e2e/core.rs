@@ -1278,3 +1278,46 @@ fn a_graph_with_thousands_of_warnings_keeps_fifty_and_counts_the_rest() {
         "{validate:?}"
     );
 }
+
+#[test]
+fn one_worker_starts_the_task_with_the_longest_chain_behind_it_first() {
+    let repo = TestRepo::new();
+    let t = |id: &str, level: u32, deps: &[&str]| {
+        let file = format!("{}.txt", id.to_lowercase());
+        json!({
+            "id": id, "title": format!("Make {file}"), "level": level,
+            "description": format!("Create {file}"), "dependencies": deps,
+            "files": {"create": [file.clone()], "modify": [], "read": []},
+            "verification": {"command": format!("test -f {file}"), "timeout_seconds": 30}
+        })
+    };
+    // In graph order, the task with nothing behind it comes first and the one with two levels
+    // behind it last.
+    let graph = json!({"feature": "cp", "version": "2.0", "tasks": [
+        t("C-L1-001", 1, &[]),
+        t("C-L1-002", 1, &[]),
+        t("C-L1-003", 1, &[]),
+        t("C-L2-001", 2, &["C-L1-002"]),
+        t("C-L2-002", 2, &["C-L1-003"]),
+        t("C-L3-001", 3, &["C-L2-002"]),
+    ]});
+    repo.write_graph("cp", &graph.to_string());
+    repo.configure(&Config::fake_agent().fast_workers());
+    let d = Daemon::start();
+    succeeded(&d.ctl_in(&repo.path, &["rush", "cp", "--workers", "1", "--detach"]));
+    let st = d.wait_end(&repo.path, "cp", T);
+    assert_eq!(st["state"], "complete", "{st}");
+    let log = std::fs::read_to_string(repo.path.join(".zerg/monitor.log")).unwrap();
+    let claimed: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("claimed task ").nth(1))
+        .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        claimed,
+        [
+            "C-L1-003", "C-L1-002", "C-L1-001", "C-L2-002", "C-L2-001", "C-L3-001"
+        ],
+        "{log}"
+    );
+}

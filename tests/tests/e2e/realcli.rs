@@ -337,3 +337,50 @@ fn the_real_cli_in_containers_reaches_its_api_with_a_subscription_token() {
         assert!(t["cost_usd"].as_f64().unwrap() > 0.0, "{id}: {t}");
     }
 }
+
+#[test]
+fn the_real_clis_second_request_carries_the_failed_verifications_text() {
+    let Some(claude) = real_claude() else { return };
+    let record = tempfile::tempdir().unwrap();
+    let log = record.path().join("requests.jsonl");
+    let api = MessagesApi::start(&["--record", log.to_str().unwrap()]);
+    // The check wants a token that only its own failure prints (`TOK` is spelled in base64, so
+    // the token is not in the command's text, which the prompt shows); the stand-in writes
+    // every `TOKEN-` word of its prompt into the file it creates.
+    let check = r#"grep -q "$(printf VE9L | base64 -d)EN-7f3a" token.txt || { echo "token.txt lacks $(printf VE9L | base64 -d)EN-7f3a"; exit 1; }"#;
+    let graph = serde_json::json!({"feature": "rt", "version": "2.0", "tasks": [{
+        "id": "R-L1-001", "title": "Write the token", "level": 1, "dependencies": [],
+        "description": "Write the token the check asks for into token.txt",
+        "files": {"create": ["token.txt"], "modify": [], "read": []},
+        "verification": {"command": check, "timeout_seconds": 30}
+    }]});
+    let (repo, d) = setup(
+        &claude,
+        "rt",
+        &graph.to_string(),
+        config(),
+        vec![api_key(), ("ANTHROPIC_BASE_URL", api.url.clone())],
+    );
+    rush(&d, &repo, "rt", 1);
+    let st = complete_once(&d, &repo, "rt", &["R-L1-001".to_string()]);
+    assert_eq!(st["tasks"]["R-L1-001"]["attempts"], 2, "{}", monitor(&repo));
+    // What the API got: two task requests, the second with the first one's failure.
+    let requests: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let prompt = |i: usize| requests[i]["prompt"].as_str().unwrap_or_default();
+    assert!(
+        !prompt(0).contains("TOKEN-7f3a") && !prompt(0).contains("## Previous attempt"),
+        "{}",
+        prompt(0)
+    );
+    assert!(
+        prompt(1).contains("## Previous attempt")
+            && prompt(1).contains("token.txt lacks TOKEN-7f3a"),
+        "{}",
+        prompt(1)
+    );
+}
