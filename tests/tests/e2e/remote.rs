@@ -60,6 +60,17 @@ pub(crate) fn wait_nothing_left(rush_id: &str) {
     );
 }
 
+/// A service's id, labels, mounts and image, as the engine has them.
+fn service_spec(service: &str) -> String {
+    docker(&[
+        "service",
+        "inspect",
+        "--format",
+        "{{.ID}} {{json .Spec.Labels}} {{json .Spec.TaskTemplate.ContainerSpec.Mounts}} {{.Spec.TaskTemplate.ContainerSpec.Image}}",
+        service,
+    ])
+}
+
 /// The running container of a worker's service.
 fn container_of_service(service: &str) -> Option<String> {
     let filter = format!("label=com.docker.swarm.service.id={service}");
@@ -113,11 +124,58 @@ fn a_twelve_task_rush_on_a_swarm_survives_a_killed_worker_and_zergd_kill_9() {
     let env = docker(&["inspect", "--format", "{{json .Config.Env}}", &container]);
     assert!(env.contains("ZERG_WORKER_TOKEN_FILE"), "{env}");
     assert!(!env.contains("ZERG_WORKER_TOKEN="), "{env}");
+    // What the engine runs for the other workers: each one's service, its labels and mounts,
+    // and its running container (the service's task).
+    let others: Vec<(String, String, String)> = st["workers"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|w| w["container_id"].as_str().map(str::to_string))
+        .filter(|svc| *svc != service)
+        .map(|svc| {
+            let spec = service_spec(&svc);
+            let running = container_of_service(&svc).expect("the other worker's container runs");
+            (svc, spec, running)
+        })
+        .collect();
+    assert_eq!(others.len(), 2, "{st}");
     docker(&["kill", &container]);
     // zergd is killed too, while the swarm still runs the other workers' services.
     d.kill9();
     std::thread::sleep(std::time::Duration::from_millis(500));
     d.restart();
+    d.wait_for(&repo.path, "sw", T, "the workers reconnected", |_| {
+        std::fs::read_to_string(repo.path.join(".zerg/monitor.log"))
+            .is_ok_and(|l| l.contains("reconnected after zergd restart"))
+    });
+    // Re-adopted, judged from the engine: the same services, unchanged, with the same
+    // containers, and no slot with a second service.
+    let mut checked = 0;
+    for (svc, spec, running) in &others {
+        // A worker whose work ran out may have ended since; one still running is the same.
+        if let Some(now) = container_of_service(svc) {
+            assert_eq!(&service_spec(svc), spec, "service {svc} was changed");
+            assert_eq!(&now, running, "service {svc} runs a new container");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no other worker was still running to judge");
+    let slots = docker(&[
+        "service",
+        "ls",
+        "--filter",
+        &format!("label=zerg.rush={rush_id}"),
+        "--format",
+        "{{.ID}} {{index .Labels \"zerg.worker\"}}",
+    ]);
+    let mut seen = std::collections::BTreeSet::new();
+    for line in slots.lines().filter(|l| !l.trim().is_empty()) {
+        let slot = line.split_whitespace().nth(1).unwrap_or("").to_string();
+        assert!(
+            seen.insert(slot.clone()),
+            "slot {slot} has two services:\n{slots}"
+        );
+    }
     let st = d.wait_end(&repo.path, "sw", T);
     assert_eq!(st["state"], "complete", "{st}\n{}", d.log());
     assert_eq!(repo.task_ids_on("zerg/sw/staging"), graph_12_ids());
