@@ -339,8 +339,11 @@ fn a_python_project_completes_in_container_mode_in_an_image_built_from_a_local_b
         "{files:?}"
     );
     crate::container::wait_no_containers(st["rush_id"].as_str().unwrap_or_default());
+    // `--no-prune`: the untagged layers below the image may be the cache another test's build
+    // is standing on right now (the same `FROM` and `USER 0`); removing them fails that build
+    // with `unknown parent image ID`.
     let _ = std::process::Command::new("docker")
-        .args(["rmi", "-f", worker_image, project])
+        .args(["rmi", "-f", "--no-prune", worker_image, project])
         .output();
 }
 
@@ -412,8 +415,11 @@ fn remote_rush_gets_copies_in_a_project_image(
             .any(|f| f == ".env" || f.starts_with("config/")),
         "{files:?}"
     );
+    // `--no-prune`: the untagged layers below the image may be the cache another test's build
+    // is standing on right now (the same `FROM` and `USER 0`); removing them fails that build
+    // with `unknown parent image ID`.
     let _ = std::process::Command::new("docker")
-        .args(["rmi", "-f", &worker_image, &project])
+        .args(["rmi", "-f", "--no-prune", &worker_image, &project])
         .output();
     st["rush_id"].as_str().unwrap_or_default().to_string()
 }
