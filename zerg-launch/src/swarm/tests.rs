@@ -335,9 +335,14 @@ async fn exit_of(rx: tokio::sync::oneshot::Receiver<ExitInfo>) -> ExitInfo {
         .unwrap()
 }
 
-/// Names of the services, secrets and configs labelled with `label`.
-async fn labelled(docker: &Docker, label: &str) -> Vec<String> {
-    let filters = HashMap::from([("label", vec![label.to_string()])]);
+/// Names of the services, secrets and configs that carry every label of `labels` (the engine
+/// ANDs label filters). A worker's label alone is not enough: another rush running on the same
+/// engine at the same time has a worker 1 too.
+async fn labelled(docker: &Docker, labels: &[&str]) -> Vec<String> {
+    let filters = HashMap::from([(
+        "label",
+        labels.iter().map(|l| l.to_string()).collect::<Vec<_>>(),
+    )]);
     let mut out: Vec<String> = Vec::new();
     let services = docker
         .list_services(Some(
@@ -441,7 +446,7 @@ async fn real_swarm_lifecycle() {
             .starts_with("image zerg-worker:does-not-exist not found"),
         "{err}"
     );
-    assert!(labelled(&docker, &rush_label).await.is_empty());
+    assert!(labelled(&docker, &[&rush_label]).await.is_empty());
 
     // Worker 1 exits 3: reported once, then its service, secret and config are removed.
     let (on_exit, rx) = sink(&calls);
@@ -452,12 +457,12 @@ async fn real_swarm_lifecycle() {
     assert_eq!(exit_of(rx).await, ExitInfo::Code(3));
     let w1 = format!("{LABEL_WORKER}=1");
     for _ in 0..100 {
-        if labelled(&docker, &w1).await.is_empty() {
+        if labelled(&docker, &[&rush_label, &w1]).await.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(labelled(&docker, &w1).await.is_empty());
+    assert!(labelled(&docker, &[&rush_label, &w1]).await.is_empty());
     assert!(!launcher.is_alive(sp1).await);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
@@ -542,7 +547,7 @@ async fn real_swarm_lifecycle() {
         "the stopped worker's container still runs"
     );
     assert!(
-        labelled(&docker, &format!("{LABEL_WORKER}=2"))
+        labelled(&docker, &[&rush_label, &format!("{LABEL_WORKER}=2")])
             .await
             .is_empty()
     );
@@ -566,9 +571,9 @@ async fn real_swarm_lifecycle() {
         })
         .await
         .unwrap();
-    assert_eq!(labelled(&docker, &rush_label).await.len(), 4);
+    assert_eq!(labelled(&docker, &[&rush_label]).await.len(), 4);
     launcher.remove_rush(&rush).await;
-    assert!(labelled(&docker, &rush_label).await.is_empty());
+    assert!(labelled(&docker, &[&rush_label]).await.is_empty());
     assert_eq!(exit_of(rx).await, ExitInfo::Vanished);
     assert_eq!(exit_of(watched).await, ExitInfo::Vanished);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
