@@ -330,16 +330,16 @@ impl GraphIndex {
             self.by_level.entry(t.level).or_default().push(i);
             self.by_id.insert(t.id.clone(), i);
         }
-        self.chain = critical_chains(graph, &self.by_id);
+        self.chain = critical_chains(graph, self);
     }
 }
 
 /// The length of the heaviest chain of dependents that starts at each task (by index), the
 /// task itself included. A task weighs its `estimate_minutes`; one without an estimate weighs
 /// the median of the graph's estimates (1 when none has one), so that a graph with no
-/// estimates counts tasks. A dependency that names no task is left out; a cycle (refused when
-/// the graph is read) cannot make this loop.
-fn critical_chains(graph: &TaskGraph, by_id: &HashMap<String, usize>) -> Vec<f64> {
+/// estimates counts tasks. Every dependency is at a lower level (the graph is refused
+/// otherwise), so one pass from the highest level down has each dependent's chain ready.
+fn critical_chains(graph: &TaskGraph, index: &GraphIndex) -> Vec<f64> {
     let mut given: Vec<u32> = graph
         .tasks
         .iter()
@@ -347,45 +347,15 @@ fn critical_chains(graph: &TaskGraph, by_id: &HashMap<String, usize>) -> Vec<f64
         .collect();
     given.sort_unstable();
     let default = given.get(given.len() / 2).map_or(1.0, |m| f64::from(*m));
-    let weight: Vec<f64> = graph
-        .tasks
-        .iter()
-        .map(|t| t.estimate_minutes.map_or(default, f64::from))
-        .collect();
-    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); graph.tasks.len()];
-    for (i, t) in graph.tasks.iter().enumerate() {
-        for d in &t.dependencies {
-            if let Some(&j) = by_id.get(d) {
-                dependents[j].push(i);
-            }
-        }
-    }
-    // Iterative depth-first search: 0 unseen, 1 on the path, 2 done.
     let mut chain = vec![0.0; graph.tasks.len()];
-    let mut mark = vec![0u8; graph.tasks.len()];
-    for root in 0..graph.tasks.len() {
-        if mark[root] != 0 {
-            continue;
-        }
-        let mut stack = vec![(root, 0usize)];
-        mark[root] = 1;
-        while let Some(&mut (at, ref mut next)) = stack.last_mut() {
-            if let Some(&d) = dependents[at].get(*next) {
-                *next += 1;
-                if mark[d] == 0 {
-                    mark[d] = 1;
-                    stack.push((d, 0));
-                }
-                continue;
+    for &i in index.by_level.values().rev().flatten() {
+        let t = &graph.tasks[i];
+        chain[i] += t.estimate_minutes.map_or(default, f64::from);
+        // Done with `i`: the heaviest chain among its dependents is in `chain[i]` already.
+        for d in &t.dependencies {
+            if let Some(&j) = index.by_id.get(d) {
+                chain[j] = f64::max(chain[j], chain[i]);
             }
-            let longest = dependents[at]
-                .iter()
-                .filter(|&&d| mark[d] == 2)
-                .map(|&d| chain[d])
-                .fold(0.0, f64::max);
-            chain[at] = weight[at] + longest;
-            mark[at] = 2;
-            stack.pop();
         }
     }
     chain
